@@ -1,0 +1,1 @@
+"""ragspec's application layer: the pipeline, the CLI and the Streamlit UI."""

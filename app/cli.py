@@ -1,0 +1,29 @@
+"""The `ragspec` command line: one click group, subcommands registered from app.commands."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ragspec")
+def main() -> None:
+    """Ask questions about your own documents, fast.
+
+    ragspec retrieves passages from an index of your files and answers with a small language
+    model whose output is sped up by copying from those passages (n-gram speculative decoding),
+    without changing what the model writes.
+
+    Data (index, converted models) lives in $RAGSPEC_HOME (default ~/.ragspec).
+    """
+
+
+def _register() -> None:
+    # Each module defines its click commands; registering here keeps imports one-way.
+    from app.commands import generate
+
+    for command in generate.COMMANDS:
+        main.add_command(command)
+
+
+_register()

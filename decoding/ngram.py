@@ -1,0 +1,109 @@
+"""The n-gram drafter: find the current suffix earlier in the sequence and copy what followed.
+
+Works on token ids only (lists of ints); knows nothing of text, tensors or models, and imports
+no torch, so it can be checked against a brute-force matcher.
+
+The index holds one growing sequence (the prompt, then each generated token as it is accepted).
+For every n in [min_n, max_n] it maps each n-gram to the *latest* position where it ended with at
+least one token after it. An n-gram is therefore entered one token late, when its continuation
+arrives: the suffix that is being looked up never matches itself.
+
+Worked example, min_n=1, max_n=3, the sequence
+
+    position:  0  1  2  3  4  5  6  7
+    token:     5  7  9  2  5  7  9  ?
+
+After position 6 is appended the suffix is [5, 7, 9]. The 3-gram (5, 7, 9) last ended, with a
+continuation, at position 2; so the match has n=3, position 2, and the draft copies what
+followed: [2, 5, 7, 9] (up to max_tokens; the copy may run into the suffix itself, which is how
+repeated patterns extend). origin = 3, the position of the first copied token.
+
+Appending costs O(max_n) dict updates and proposing costs O(max_n) lookups plus the draft's
+length, whatever the sequence's length: nothing rescans the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Match:
+    """A proposal: tokens to draft and where they were copied from.
+
+    n: the length of the suffix that matched (the evidence).
+    extended: how far the match really reaches back (>= n, capped at NgramIndex.extend_cap):
+        a long agreeing history is stronger evidence than the n-gram alone.
+    origin: position, in the indexed sequence, of the first drafted token.
+    tokens: the draft; may be empty when the match has no continuation left.
+    """
+
+    n: int
+    extended: int
+    origin: int
+    tokens: list[int]
+
+
+class NgramIndex:
+    """Latest-occurrence index of n-grams, min_n <= n <= max_n, over a growing sequence."""
+
+    extend_cap = 64
+
+    def __init__(self, tokens: list[int] | tuple[int, ...] = (), *, min_n: int = 1, max_n: int = 4):
+        if min_n < 1:
+            raise ValueError(f"min_n must be >= 1, got {min_n}")
+        if max_n < min_n:
+            raise ValueError(f"max_n ({max_n}) must be >= min_n ({min_n})")
+        self.min_n = min_n
+        self.max_n = max_n
+        self.tokens: list[int] = []
+        # _latest[n][ngram] = end position (inclusive) of the latest occurrence that has a
+        # continuation, i.e. end < len(tokens) - 1.
+        self._latest: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(min_n, max_n + 1)
+        }
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def append(self, token: int) -> None:
+        toks = self.tokens
+        # The n-grams ending at the previous last position now have a continuation.
+        end = len(toks) - 1
+        if end >= 0:
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                self._latest[n][tuple(toks[end - n + 1 : end + 1])] = end
+        toks.append(int(token))
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            self.append(t)
+
+    def propose(self, max_tokens: int) -> Match | None:
+        """Longest suffix (max_n down to min_n) seen before; ties go to the latest occurrence.
+
+        Returns None when no suffix of length >= min_n occurred earlier.
+        """
+        toks = self.tokens
+        length = len(toks)
+        for n in range(min(self.max_n, length), self.min_n - 1, -1):
+            end = self._latest[n].get(tuple(toks[length - n :]))
+            if end is None:
+                continue
+            extended = n
+            while (
+                extended < self.extend_cap
+                and end - extended >= 0
+                and toks[end - extended] == toks[length - 1 - extended]
+            ):
+                extended += 1
+            start = end + 1
+            return Match(
+                n=n,
+                extended=extended,
+                origin=start,
+                tokens=toks[start : start + max(0, max_tokens)],
+            )
+        return None
+

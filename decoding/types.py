@@ -1,0 +1,236 @@
+"""The engine's contracts: configs in, spans and stats out.
+
+Everything here is plain data. The UI, the CLI and the benchmark render and aggregate these
+objects; none of them re-derives which tokens were drafted or where they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class SourceRegion:
+    """A stretch of the prompt's token ids that came from a known passage.
+
+    The pipeline registers one per passage so that drafts copied from the prompt can say which
+    passage and which characters of it they reproduce.
+
+    token_start/token_end: half-open range of prompt token positions.
+    source: the caller's label for the passage (an index into its passage list, an id, ...).
+    char_offsets: for each token in the range, its (start, end) character range inside the
+        passage text; len(char_offsets) == token_end - token_start.
+    """
+
+    token_start: int
+    token_end: int
+    source: int | str
+    char_offsets: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.token_start <= self.token_end:
+            raise ValueError(
+                f"SourceRegion needs 0 <= token_start <= token_end, got "
+                f"{self.token_start}..{self.token_end}"
+            )
+        if len(self.char_offsets) != self.token_end - self.token_start:
+            raise ValueError(
+                f"SourceRegion has {len(self.char_offsets)} char offsets for "
+                f"{self.token_end - self.token_start} tokens; give one (start, end) per token"
+            )
+
+
+@dataclass(frozen=True)
+class SpanOrigin:
+    """Where an accepted draft was copied from.
+
+    position: index, in the whole sequence (prompt followed by output), of the first copied token.
+    in_prompt: True when that position lies in the prompt, False when in the model's own output.
+    source/char_start/char_end: set when the copied tokens lie inside a registered SourceRegion:
+        the region's label and the character range of the passage they reproduce.
+    """
+
+    position: int
+    in_prompt: bool
+    source: int | str | None = None
+    char_start: int | None = None
+    char_end: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Span:
+    """A run of output tokens streamed together.
+
+    drafted is True when the tokens were an accepted draft (copied, then verified by the model),
+    False for tokens the model produced itself. origin is set for drafted spans only.
+    text is the newly decodable text these tokens completed; a multi-byte character split across
+    tokens appears in the span whose token completes it.
+    """
+
+    text: str
+    token_ids: list[int]
+    drafted: bool
+    origin: SpanOrigin | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "drafted": self.drafted,
+            "origin": self.origin.to_dict() if self.origin else None,
+        }
+
+
+@dataclass
+class GenerationStats:
+    """What one generation cost and how speculation fared.
+
+    forward_passes counts decode forwards after the prefill (prefill is one more forward).
+    accepted_lengths[a] counts verify steps that accepted exactly a draft tokens (steps with
+    a draft only). seconds = prefill_seconds + decode_seconds. tokens_per_s is over the whole
+    time; decode_tokens_per_s counts tokens after the first over the time after the first.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    forward_passes: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_lengths: dict[int, int] = field(default_factory=dict)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    ttft_seconds: float = 0.0
+    stop_reason: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        after_first = self.seconds - self.ttft_seconds
+        if self.new_tokens <= 1 or after_first <= 0:
+            return 0.0
+        return (self.new_tokens - 1) / after_first
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        steps = sum(self.accepted_lengths.values())
+        if not steps:
+            return 0.0
+        return sum(a * n for a, n in self.accepted_lengths.items()) / steps
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "forward_passes": self.forward_passes,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_lengths": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
+            "accept_rate": self.accept_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "prefill_seconds": self.prefill_seconds,
+            "decode_seconds": self.decode_seconds,
+            "ttft_seconds": self.ttft_seconds,
+            "seconds": self.seconds,
+            "tokens_per_s": self.tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "stop_reason": self.stop_reason,
+        }
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 means greedy (argmax); top_k 0 and top_p 1.0 mean no truncation."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """How the n-gram drafter and the draft-length policy behave.
+
+    enabled: False runs the same loop with no drafts (the baseline).
+    min_ngram/max_ngram: suffix lengths tried when looking up the context, longest first.
+    max_draft: the most draft tokens verified in one forward.
+    adaptive: choose each draft's length from acceptance so far and the measured forward cost;
+        when False, always draft as many tokens as the match offers (up to max_draft).
+    """
+
+    enabled: bool = True
+    min_ngram: int = 1
+    max_ngram: int = 4
+    max_draft: int = 16
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.min_ngram < 1:
+            raise ValueError(f"min_ngram must be >= 1, got {self.min_ngram}")
+        if self.max_ngram < self.min_ngram:
+            raise ValueError(
+                f"max_ngram ({self.max_ngram}) must be >= min_ngram ({self.min_ngram})"
+            )
+        if not 1 <= self.max_draft <= 64:
+            raise ValueError(f"max_draft must be between 1 and 64, got {self.max_draft}")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    stop_strings: tuple[str, ...] = ()
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop_strings):
+            raise ValueError("stop strings must be non-empty")
+
+
+@dataclass
+class GenerationResult:
+    """The collected stream: what the non-streaming call returns."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    spans: list[Span]
+    stats: GenerationStats
+
+    def to_dict(self) -> dict:
+        s = self.stats
+        return {
+            "text": self.text,
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "token_ids": list(self.token_ids),
+            "spans": [sp.to_dict() for sp in self.spans],
+            "stats": s.to_dict(),
+        }

@@ -1,0 +1,1 @@
+"""Loading, splitting, embedding and storing passages (never imports decoding)."""

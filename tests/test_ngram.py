@@ -1,0 +1,88 @@
+"""The drafter against a brute-force matcher that scans every position."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from decoding.ngram import NgramIndex
+
+
+def brute_force(tokens, *, min_n, max_n, max_tokens):
+    """Longest suffix first, latest earlier occurrence first; (n, origin, draft) or None."""
+    length = len(tokens)
+    for n in range(min(max_n, length), min_n - 1, -1):
+        suffix = tokens[length - n :]
+        for end in range(length - 2, n - 2, -1):
+            if tokens[end - n + 1 : end + 1] == suffix:
+                return n, end + 1, tokens[end + 1 : end + 1 + max_tokens]
+    return None
+
+
+def brute_extended(tokens, origin, cap):
+    end, length, k = origin - 1, len(tokens), 0
+    while k < cap and end - k >= 0 and tokens[end - k] == tokens[length - 1 - k]:
+        k += 1
+    return k
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seq=st.lists(st.integers(0, 5), min_size=0, max_size=80),
+    min_n=st.integers(1, 3),
+    extra=st.integers(0, 4),
+    max_tokens=st.integers(0, 12),
+)
+def test_propose_matches_brute_force_at_every_prefix(seq, min_n, extra, max_tokens):
+    max_n = min_n + extra
+    index = NgramIndex(min_n=min_n, max_n=max_n)
+    for i, t in enumerate(seq):
+        index.append(t)
+        prefix = seq[: i + 1]
+        got = index.propose(max_tokens)
+        want = brute_force(prefix, min_n=min_n, max_n=max_n, max_tokens=max_tokens)
+        if want is None:
+            assert got is None
+        else:
+            assert (got.n, got.origin, got.tokens) == want
+            assert got.extended == brute_extended(prefix, got.origin, NgramIndex.extend_cap)
+            assert got.extended >= got.n
+
+
+def test_worked_example_from_docstring():
+    index = NgramIndex([5, 7, 9, 2, 5, 7, 9], min_n=1, max_n=3)
+    m = index.propose(8)
+    assert (m.n, m.origin, m.tokens) == (3, 3, [2, 5, 7, 9])
+
+
+def test_suffix_never_matches_itself():
+    index = NgramIndex([1, 2, 3], min_n=1, max_n=3)
+    assert index.propose(4) is None
+
+
+def test_prefers_latest_occurrence_on_ties():
+    # (1, 2) is followed by 3 at position 2 and by 4 at position 5; the later one wins.
+    index = NgramIndex([1, 2, 3, 1, 2, 4, 1, 2], min_n=2, max_n=2)
+    m = index.propose(1)
+    assert m.origin == 5 and m.tokens == [4]
+
+
+def test_longer_match_beats_more_recent_shorter_one():
+    # suffix (8, 1, 2): the 3-gram occurs at 0..2 (then 9); the 2-gram (1, 2) more recently (then 4).
+    index = NgramIndex([8, 1, 2, 9, 1, 2, 4, 8, 1, 2], min_n=1, max_n=3)
+    m = index.propose(2)
+    assert m.n == 3 and m.tokens == [9, 1]
+
+
+def test_append_cost_does_not_grow_with_length():
+    # Amortised O(1): the dicts hold at most (max_n - min_n + 1) entries per position.
+    index = NgramIndex(min_n=1, max_n=4)
+    index.extend(range(10_000))
+    assert sum(len(d) for d in index._latest.values()) <= 4 * 10_000
+
+
+def test_bad_arguments_raise_value_error():
+    import pytest
+
+    with pytest.raises(ValueError):
+        NgramIndex(min_n=0)
+    with pytest.raises(ValueError):
+        NgramIndex(min_n=3, max_n=2)
