@@ -150,9 +150,10 @@ class GenerationStream:
 
     @property
     def text(self) -> str:
-        return self._decoder.text if not self._stop_cut else self._decoder.text[: self._stop_cut]
+        return self._decoder.text if self._stop_cut is None else self._decoder.text[: self._stop_cut]
 
     _stop_cut: int | None = None
+    _held = ""  # decoded text not yet streamed (a possible stop-string prefix)
 
     def result(self) -> GenerationResult:
         for _ in self:
@@ -261,8 +262,13 @@ class GenerationStream:
                 stats.stop_reason, done = "max_new_tokens", True
             if done:
                 break
+        if spans and self._held:
+            spans[0].text = self._held + spans[0].text
+            self._held = ""
         if done and self._stop_cut is not None:
             self._trim_spans_to(self._stop_cut, spans)
+        elif not done:
+            self._hold_back_stop_prefix(spans)
         spans = [self._with_source(s) for s in spans]
         self.spans.extend(spans)
         return spans, done
@@ -276,6 +282,23 @@ class GenerationStream:
             self._stop_cut = min(cuts)
             return True
         return False
+
+    def _hold_back_stop_prefix(self, spans: list[Span]) -> None:
+        """Keep back text that may be the start of a stop string: streamed text is final."""
+        text, hold = self._decoder.text, 0
+        for stop in self.config.stop_strings:
+            for n in range(min(len(stop) - 1, len(text)), hold, -1):
+                if text.endswith(stop[:n]):
+                    hold = n
+                    break
+        for span in reversed(spans):
+            if hold <= 0:
+                break
+            take = min(hold, len(span.text))
+            if take:
+                self._held = span.text[len(span.text) - take :] + self._held
+                span.text = span.text[: len(span.text) - take]
+                hold -= take
 
     def _trim_spans_to(self, cut: int, new_spans: list[Span]) -> None:
         """Drop text at and after the stop string from the spans (tokens stay, as in HF)."""

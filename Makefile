@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   the app on the bundled sample documents and the bundled models
+#   make test   the test suite
+# Both create .venv when missing and install the pinned requirements into it.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ragspec-installed
+export RAGSPEC_HOME ?= $(CURDIR)/.ragspec-home
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install test test-fast demo lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q --timeout=900
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not browser"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check app retrieval decoding tests scripts
+
+demo: $(STAMP)
+	$(VENV)/bin/ragspec generate --prompt-file data/prompts/library.txt --max-new-tokens 96
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,257 @@
+"""The engine against its oracles: transformers' greedy generate, and exact sampling probabilities."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from decoding import sampling as sampling_mod
+from decoding.engine import Generator
+from decoding.policy import ForwardCost
+from decoding.types import (
+    DraftConfig,
+    GenerationConfig,
+    SamplingConfig,
+    SourceRegion,
+)
+
+
+def hf_greedy(model, prompt, max_new_tokens, eos=None):
+    kwargs = {} if eos is None else {"eos_token_id": eos}
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            **kwargs,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def prompts(vocab: int, count: int, seed: int = 0):
+    """Random prompts, half of them with heavy repetition (where drafts get accepted)."""
+    rng = random.Random(seed)
+    for i in range(count):
+        base = [rng.randrange(3, vocab) for _ in range(rng.randrange(5, 40))]
+        if i % 2:
+            base = (base[: rng.randrange(3, 8)] * 6)[: rng.randrange(20, 60)]
+        yield base
+
+
+DRAFT_CONFIGS = [
+    DraftConfig(enabled=False),
+    DraftConfig(),
+    DraftConfig(adaptive=False, max_draft=8),
+    DraftConfig(adaptive=False, min_ngram=2, max_ngram=2, max_draft=3),
+    DraftConfig(max_ngram=8, max_draft=32),
+]
+
+
+@pytest.mark.parametrize("draft", DRAFT_CONFIGS, ids=lambda d: f"spec{int(d.enabled)}-a{int(d.adaptive)}-n{d.max_ngram}-k{d.max_draft}")
+def test_greedy_ids_identical_to_transformers_generate(tiny_model, tiny_tokenizer, draft):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    drafted = 0
+    for prompt in prompts(len(tiny_tokenizer), 24):
+        want = hf_greedy(tiny_model, prompt, 48)
+        got = gen.generate(prompt, GenerationConfig(max_new_tokens=48, draft=draft))
+        assert got.token_ids == want, f"prompt {prompt}"
+        drafted += got.stats.accepted_tokens
+    if draft.enabled:
+        assert drafted > 0, "these prompts should exercise accepted drafts"
+
+
+def test_spans_reassemble_output_and_drafts_copy_their_origin(tiny_model, tiny_tokenizer):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    cfg = GenerationConfig(max_new_tokens=64, draft=DraftConfig(adaptive=False))
+    seen_drafts = 0
+    for prompt in prompts(len(tiny_tokenizer), 12, seed=3):
+        result = gen.generate(prompt, cfg)
+        assert [t for s in result.spans for t in s.token_ids] == result.token_ids
+        assert "".join(s.text for s in result.spans) == result.text
+        assert result.text == tiny_tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        full = prompt + result.token_ids
+        for span in result.spans:
+            if span.drafted:
+                seen_drafts += 1
+                pos = span.origin.position
+                assert full[pos : pos + len(span.token_ids)] == span.token_ids
+                assert span.origin.in_prompt == (pos < len(prompt))
+            else:
+                assert span.origin is None
+        s = result.stats
+        assert s.new_tokens == len(result.token_ids)
+        assert s.accepted_tokens == sum(len(sp.token_ids) for sp in result.spans if sp.drafted)
+        assert s.accepted_tokens == sum(a * n for a, n in s.accepted_lengths.items())
+        assert s.forward_passes == len(result.token_ids) - 1 - s.accepted_tokens or s.stop_reason == "eos"
+    assert seen_drafts > 0
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 17])
+def test_never_generates_past_max_new_tokens(tiny_model, tiny_tokenizer, limit):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    prompt = [5, 6, 7, 8] * 10
+    cfg = GenerationConfig(max_new_tokens=limit, draft=DraftConfig(adaptive=False))
+    result = gen.generate(prompt, cfg)
+    assert len(result.token_ids) == limit
+    assert result.token_ids == hf_greedy(tiny_model, prompt, limit)
+
+
+def test_stops_at_eos_like_transformers(tiny_model, tiny_tokenizer):
+    prompt = [9, 10, 11, 12, 13] * 6
+    free = hf_greedy(tiny_model, prompt, 40)
+    eos = free[7]  # pretend a token the model writes is the end of sequence
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[eos])
+    result = gen.generate(prompt, GenerationConfig(max_new_tokens=40))
+    assert result.token_ids == hf_greedy(tiny_model, prompt, 40, eos=eos)
+    assert result.token_ids[-1] == eos and result.stats.stop_reason == "eos"
+
+
+def test_stop_string_ends_generation_and_is_cut_from_text(tiny_model, tiny_tokenizer):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    prompt = [20, 21, 22, 23] * 8
+    free = gen.generate(prompt, GenerationConfig(max_new_tokens=40))
+    stop = free.text[10:12]
+    cut = free.text.find(stop)
+    result = gen.generate(prompt, GenerationConfig(max_new_tokens=40, stop_strings=(stop,)))
+    assert result.stats.stop_reason == "stop_string"
+    assert result.text == free.text[:cut]
+    assert "".join(s.text for s in result.spans) == result.text
+    assert free.token_ids[: len(result.token_ids)] == result.token_ids
+
+
+def test_drafts_from_registered_passages_carry_char_ranges(tiny_model, tiny_tokenizer):
+    passage = "abcabcabcabcabcabcabcabcabcabcabcabc"
+    ids = tiny_tokenizer(passage, add_special_tokens=False)["input_ids"]
+    prefix = tiny_tokenizer("Q: ", add_special_tokens=False)["input_ids"]
+    prompt = prefix + ids + tiny_tokenizer("\nabc", add_special_tokens=False)["input_ids"]
+    region = SourceRegion(
+        token_start=len(prefix), token_end=len(prefix) + len(ids), source="p1",
+        char_offsets=tuple((i, i + 1) for i in range(len(ids))),  # one char per token
+    )
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    result = gen.generate(prompt, GenerationConfig(max_new_tokens=30, draft=DraftConfig(adaptive=False)),
+                          sources=[region])
+    located = [s for s in result.spans if s.drafted and s.origin.source == "p1"]
+    for span in located:
+        o = span.origin
+        assert region.token_start <= o.position < region.token_end
+        copied = passage[o.char_start : o.char_end]
+        assert span.text.startswith(copied) or copied.startswith(span.text)
+    # a forced copy from the passage proves the mapping is exercised whatever the model writes
+    forced = gen.generate(prompt, GenerationConfig(max_new_tokens=6), sources=[region],
+                          forced_drafts=hf_greedy(tiny_model, prompt, 6))
+    assert forced.token_ids == hf_greedy(tiny_model, prompt, 6)
+
+
+def test_forced_oracle_drafts_are_all_accepted(tiny_model, tiny_tokenizer):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    prompt = list(range(3, 30))
+    truth = hf_greedy(tiny_model, prompt, 40)
+    cfg = GenerationConfig(max_new_tokens=40, draft=DraftConfig(max_draft=8))
+    result = gen.generate(prompt, cfg, forced_drafts=truth)
+    assert result.token_ids == truth
+    assert result.stats.accepted_tokens == result.stats.drafted_tokens
+    assert result.stats.forward_passes == 5  # 40 tokens = first + 4 verify steps of 8+1 + ... <= 5
+
+
+def test_bad_prompts_raise_clear_errors(tiny_model, tiny_tokenizer):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    with pytest.raises(ValueError, match="empty"):
+        gen.stream([], GenerationConfig())
+    with pytest.raises(ValueError, match="context"):
+        gen.stream([5] * 1000, GenerationConfig(max_new_tokens=100))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        GenerationConfig(max_new_tokens=0)
+
+
+def test_adaptive_policy_spends_fewer_forwards_than_plain_decoding_on_repetitive_text(
+    tiny_model, tiny_tokenizer
+):
+    # A steep measured cost (like this CPU's) still lets strong matches through.
+    cost = ForwardCost([1.0 + 0.1 * n for n in range(17)])
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2], cost=cost)
+    prompt = [7, 8, 9, 10, 11, 12] * 8
+    truth = hf_greedy(tiny_model, prompt, 60)
+    result = gen.generate(prompt + truth[:30] + prompt, GenerationConfig(max_new_tokens=40))
+    assert result.stats.forward_passes < 39
+
+
+# -- sampling: the point-mass rule keeps the distribution ---------------------------------------
+
+def exact_distribution(model, prompt, cfg: SamplingConfig, length: int) -> dict[tuple, float]:
+    """P(continuation) for every continuation of `length` tokens, by enumeration."""
+    dist = {(): 1.0}
+    for _ in range(length):
+        nxt = {}
+        for seq, p in dist.items():
+            with torch.inference_mode():
+                logits = model(torch.tensor([prompt + list(seq)])).logits[0, -1:]
+            probs = sampling_mod.target_probs(logits, cfg)[0]
+            for t in torch.nonzero(probs).flatten().tolist():
+                nxt[seq + (t,)] = p * float(probs[t])
+        dist = nxt
+    return dist
+
+
+def sampled_tv(gen, prompt, cfg, forced, exact, n):
+    counts: dict[tuple, int] = {}
+    for seed in range(n):
+        c = GenerationConfig(max_new_tokens=3, sampling=SamplingConfig(
+            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed))
+        ids = tuple(gen.generate(prompt, c, forced_drafts=forced).token_ids)
+        counts[ids] = counts.get(ids, 0) + 1
+    keys = set(counts) | set(exact)
+    return 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in keys)
+
+
+SAMPLES = 1500
+# Expected TV of an empirical distribution over ~27 outcomes from 1500 draws is ~0.04–0.05
+# (sum of sqrt(p(1-p)/(2*pi*n))). A rule that over-accepts the draft shifts mass by far more.
+TV_BOUND = 0.08
+
+
+@pytest.mark.parametrize("cfg", [
+    SamplingConfig(temperature=1.0, top_k=3),
+    SamplingConfig(temperature=0.7, top_p=0.8),
+], ids=["t1-top3", "t0.7-p0.8"])
+def test_speculative_sampling_matches_exact_distribution(tiny_tokenizer, cfg):
+    from conftest import make_tiny_model
+
+    model = make_tiny_model(len(tiny_tokenizer), seed=1, initializer_range=0.1)
+    gen = Generator(model, tiny_tokenizer, eos_token_ids=[2])
+    prompt = [10, 11, 12, 10, 11]
+    exact = exact_distribution(model, prompt, cfg, 3)
+    # forced drafts: the most likely token after the first: accepted often, rejected often
+    best = max(exact, key=exact.get)
+    forced = list(best)
+    tv = sampled_tv(gen, prompt, cfg, forced, exact, SAMPLES)
+    assert tv < TV_BOUND, f"TV distance {tv:.3f}"
+
+
+def test_a_wrong_accept_rule_fails_the_distribution_check(tiny_tokenizer, monkeypatch):
+    """The bound has power: resampling from p *without* removing the rejected draft token
+    (a classic bug) over-weights drafts and is caught."""
+    from conftest import make_tiny_model
+
+    def buggy(logits, draft, cfg, generator):
+        probs = sampling_mod.target_probs(logits, cfg)
+        for i, t in enumerate(draft):
+            if torch.rand(1, generator=generator).item() < float(probs[i, t]):
+                continue
+            return i, sampling_mod.sample(probs[i], generator)
+        return len(draft), sampling_mod.sample(probs[len(draft)], generator)
+
+    import decoding.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "accept_sampled", buggy)
+    cfg = SamplingConfig(temperature=1.0, top_k=3)
+    model = make_tiny_model(len(tiny_tokenizer), seed=1, initializer_range=0.1)
+    gen = Generator(model, tiny_tokenizer, eos_token_ids=[2])
+    prompt = [10, 11, 12, 10, 11]
+    exact = exact_distribution(model, prompt, cfg, 3)
+    best = max(exact, key=exact.get)
+    tv = sampled_tv(gen, prompt, cfg, list(best), exact, SAMPLES)
+    assert tv > TV_BOUND, f"TV distance {tv:.3f} should expose the bug"
