@@ -18,12 +18,17 @@ def main() -> None:
     """
 
 
-def _register() -> None:
-    # Each module defines its click commands; registering here keeps imports one-way.
-    from app.commands import generate
+# Modules under app/commands whose COMMANDS lists make up the CLI.
+COMMAND_MODULES = ("generate", "index", "bench", "ask", "ui")
 
-    for command in generate.COMMANDS:
-        main.add_command(command)
+
+def _register() -> None:
+    # Commands import their heavy dependencies lazily, so `ragspec --help` stays fast.
+    import importlib
+
+    for name in COMMAND_MODULES:
+        for command in importlib.import_module(f"app.commands.{name}").COMMANDS:
+            main.add_command(command)
 
 
 _register()

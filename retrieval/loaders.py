@@ -19,9 +19,11 @@ Per type:
 
 from __future__ import annotations
 
+import logging
 import re
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from langchain_community.document_loaders import BSHTMLLoader, Docx2txtLoader, TextLoader
@@ -35,10 +37,18 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = (
 
 # Elements whose text is never content a reader sees.
 _INVISIBLE_HTML = ("script", "style", "noscript", "template")
+# Elements a browser renders as separate blocks: they become paragraphs of the text.
+_BLOCK_HTML = [
+    "p", "div", "section", "article", "header", "footer", "nav", "aside", "main", "h1", "h2",
+    "h3", "h4", "h5", "h6", "li", "ul", "ol", "dl", "dt", "dd", "pre", "blockquote", "table",
+    "tr", "figure", "figcaption", "title", "hr", "form", "fieldset", "address", "details",
+    "summary",
+]
 
 # Share of control characters (other than tab/newline/CR/form feed) above which decoded "text"
 # is really binary data that happened to be valid UTF-8 (runs of NUL bytes are).
 _MAX_CONTROL_SHARE = 0.01
+_WHITESPACE = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
 
 
@@ -73,11 +83,12 @@ def load_file(path: str | Path) -> list[Document]:
 
 
 def _load_pdf(path: Path) -> list[Document]:
-    from pypdf.errors import FileNotDecryptedError, PdfReadError, PdfStreamError, WrongPasswordError
     from langchain_community.document_loaders import PyPDFLoader
+    from pypdf.errors import FileNotDecryptedError, PdfReadError, PdfStreamError, WrongPasswordError
 
     try:
-        pages = PyPDFLoader(str(path), mode="page").load()
+        with _quiet("pypdf"):
+            pages = PyPDFLoader(str(path), mode="page").load()
     except (FileNotDecryptedError, WrongPasswordError) as exc:
         raise LoadError(
             "the PDF is encrypted (password protected); save an unprotected copy "
@@ -101,6 +112,19 @@ def _load_pdf(path: Path) -> list[Document]:
     return pages
 
 
+@contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Silence a library's warnings ("EOF marker not found", ...) while it parses one file:
+    we report a failure ourselves, in one sentence, and they would clutter `ragspec ingest`."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _load_text(path: Path) -> list[Document]:
     try:
         docs = TextLoader(str(path), encoding="utf-8-sig").load()
@@ -121,38 +145,43 @@ def _reject_binary(text: str) -> None:
 
 
 class _VisibleTextHTMLLoader(BSHTMLLoader):
-    """BSHTMLLoader minus what browsers do not show: scripts, styles and templates.
+    """BSHTMLLoader minus what browsers do not show, with the line breaks they do show.
 
-    BSHTMLLoader calls get_text() on the whole soup, which keeps JavaScript and CSS; here they
-    are removed first, and the file is read as bytes so BeautifulSoup can honour the page's own
-    charset declaration.
+    BSHTMLLoader calls get_text() on the whole soup, which keeps JavaScript and CSS and either
+    glues blocks together or splits every inline element onto its own line. Here invisible
+    elements are removed, whitespace inside text is collapsed as a browser does (except in
+    <pre>), and block elements become paragraphs. The file is read as bytes so BeautifulSoup
+    can honour the page's own charset declaration.
     """
 
     def __init__(self, file_path: str) -> None:
         # The stdlib parser: no lxml dependency for a job this small.
-        super().__init__(file_path, bs_kwargs={"features": "html.parser"}, get_text_separator="\n")
+        super().__init__(file_path, bs_kwargs={"features": "html.parser"})
 
     def lazy_load(self) -> Iterator[Document]:
-        from bs4 import BeautifulSoup
+        from bs4 import BeautifulSoup, NavigableString
 
         with open(self.file_path, "rb") as f:
             soup = BeautifulSoup(f, **self.bs_kwargs)
         for element in soup(list(_INVISIBLE_HTML)):
             element.decompose()
         title = soup.title.get_text(strip=True) if soup.title else ""
-        text = _tidy_lines(soup.get_text(self.get_text_separator))
+        for string in soup.find_all(string=True):
+            if type(string) is NavigableString and string.find_parent("pre") is None:
+                string.replace_with(_WHITESPACE.sub(" ", string))
+        for element in soup.find_all(_BLOCK_HTML):
+            element.insert_before("\n\n")
+            element.insert_after("\n\n")
+        for br in soup.find_all("br"):
+            br.replace_with("\n")
+        text = _tidy_lines(soup.get_text())
         yield Document(page_content=text, metadata={"source": str(self.file_path), "title": title})
 
 
 def _tidy_lines(text: str) -> str:
-    """Strip each line and keep at most one blank line between blocks.
-
-    Markup whitespace is not content; collapsing it keeps passages dense and gives the splitter
-    paragraph breaks to cut at.
-    """
-    lines = [" ".join(line.split()) for line in text.splitlines()]
+    """Strip each line and keep at most one blank line between blocks."""
     out: list[str] = []
-    for line in lines:
+    for line in (line.strip() for line in text.splitlines()):
         if line or (out and out[-1]):
             out.append(line)
     return "\n".join(out).strip()

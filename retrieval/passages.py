@@ -95,6 +95,8 @@ def _split_text(
     for part in splitter.create_documents([text]):
         piece = part.page_content
         start = part.metadata.get("start_index", -1)
+        if not piece.strip():
+            continue
         # LangChain computes start_index as "previous start + previous length - chunk_overlap",
         # subtracting a *token* count from a *character* offset, so with a token length
         # function it can skip past the real start. Keep it only when it verifiably points at

@@ -21,11 +21,11 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -47,59 +47,12 @@ from retrieval.errors import (
     UnknownDocumentError,
 )
 from retrieval.passages import PassageDraft
+from retrieval.records import DocumentInfo, Hit, Passage
+
+__all__ = ["PassageStore", "Passage", "Hit", "DocumentInfo", "DEFAULT_LOCK_TIMEOUT", "doc_id_for"]
 
 DEFAULT_LOCK_TIMEOUT = 60.0
-
-
-@dataclass(frozen=True)
-class Passage:
-    """One stored passage and where it came from.
-
-    source: the document's resolved file path. page: 1-based page for PDFs, else None.
-    start: character offset of `text` in the loaded text of that page (or whole document), so
-        `loaded_text[start : start + len(text)] == text`.
-    """
-
-    id: str
-    doc_id: str
-    text: str
-    source: str
-    page: int | None
-    start: int
-
-    def __post_init__(self) -> None:
-        if not self.text:
-            raise ValueError(f"passage {self.id!r} has empty text; passages must hold words")
-        if self.start < 0:
-            raise ValueError(f"passage {self.id!r} has start={self.start}; offsets are >= 0")
-        if self.page is not None and self.page < 1:
-            raise ValueError(f"passage {self.id!r} has page={self.page}; pages count from 1")
-
-
-@dataclass(frozen=True)
-class Hit:
-    """A search result: cosine similarity to the query (in [-1, 1]) and the passage."""
-
-    score: float
-    passage: Passage
-
-
-@dataclass(frozen=True)
-class DocumentInfo:
-    """One ingested file: ids, content hash, passage count, size, ingestion time (ISO 8601)."""
-
-    doc_id: str
-    source: str
-    sha256: str
-    passages: int
-    size_bytes: int
-    ingested_at: str
-
-    def __post_init__(self) -> None:
-        if len(self.sha256) != 64:
-            raise ValueError(f"sha256 must be 64 hex digits, got {self.sha256!r}")
-        if self.passages < 0 or self.size_bytes < 0:
-            raise ValueError("passages and size_bytes cannot be negative")
+logger = logging.getLogger(__name__)
 
 
 def doc_id_for(source: str) -> str:
@@ -146,6 +99,8 @@ class PassageStore:
         """Load the index in `index_dir` (empty if there is none yet).
 
         embedder: needed to search and to add documents; None is enough to list and remove.
+            An `Embedder` or anything with its interface (name, dim, max_tokens,
+            special_tokens, count_tokens, embed_array), e.g. retrieval.testing.HashEmbedder.
         lock_timeout: seconds a writer waits for another writer before IndexLockedError.
         use_gpu: None = when faiss has GPU support and sees a GPU.
         """
@@ -264,8 +219,15 @@ class PassageStore:
         if self._gpu_view is None:
             # A GPU copy for searching only: writes go to the CPU index (GPU flat indexes cannot
             # remove rows, and the saved form must be the CPU one). Rebuilt after each change.
-            self._gpu_resources = getattr(self, "_gpu_resources", None) or faiss.StandardGpuResources()
-            gpu_index = faiss.index_cpu_to_gpu(self._gpu_resources, 0, self._lc.index)
+            try:
+                self._gpu_resources = (
+                    getattr(self, "_gpu_resources", None) or faiss.StandardGpuResources()
+                )
+                gpu_index = faiss.index_cpu_to_gpu(self._gpu_resources, 0, self._lc.index)
+            except RuntimeError as exc:  # out of GPU memory, driver trouble: CPU still works
+                logger.warning("FAISS GPU copy failed (%s); searching on the CPU instead", exc)
+                self._use_gpu = False
+                return self._lc
             view = self._new_lc(gpu_index)
             view.docstore = self._lc.docstore
             view.index_to_docstore_id = self._lc.index_to_docstore_id
@@ -386,7 +348,7 @@ class PassageStore:
             for i, d in enumerate(drafts)
         ]
         self._lc.add_embeddings(
-            list(zip([p.text for p in passages], vectors)),
+            list(zip([p.text for p in passages], vectors, strict=True)),
             metadatas=[_to_lc(p).metadata for p in passages],
             ids=[p.id for p in passages],
         )

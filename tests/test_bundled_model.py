@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine import hf_greedy
 
 from decoding.detok import IncrementalDecoder
 from decoding.engine import Generator
 from decoding.model import ModelNotFound, bundled_gguf_path, chat_prompt_ids, load_model
 from decoding.types import DraftConfig, GenerationConfig
-from test_engine import hf_greedy
 
 pytestmark = pytest.mark.slow
 

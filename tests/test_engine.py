@@ -207,16 +207,17 @@ def sampled_tv(gen, prompt, cfg, forced, exact, n):
     return 0.5 * sum(abs(counts.get(k, 0) / n - exact.get(k, 0.0)) for k in keys)
 
 
-SAMPLES = 1500
-# Expected TV of an empirical distribution over ~27 outcomes from 1500 draws is ~0.04–0.05
-# (sum of sqrt(p(1-p)/(2*pi*n))). A rule that over-accepts the draft shifts mass by far more.
+SAMPLES = 3000
+# Expected TV of an empirical distribution over <= 27 outcomes (top-k 3, 3 tokens) from 3000
+# draws is ~0.04–0.05 (half the sum of sqrt(2p(1-p)/(pi*n))). The buggy rule below lands near
+# 0.2 on the same data. (A wide support such as top-p alone would need far more samples.)
 TV_BOUND = 0.08
 
 
 @pytest.mark.parametrize("cfg", [
     SamplingConfig(temperature=1.0, top_k=3),
-    SamplingConfig(temperature=0.7, top_p=0.8),
-], ids=["t1-top3", "t0.7-p0.8"])
+    SamplingConfig(temperature=0.7, top_k=3, top_p=0.9),
+], ids=["t1-top3", "t0.7-top3-p0.9"])
 def test_speculative_sampling_matches_exact_distribution(tiny_tokenizer, cfg):
     from conftest import make_tiny_model
 

@@ -52,24 +52,21 @@ def sampling_options(f):
 
 def load_generator(model_spec: str | None, device: str | None = None, exact: bool = False,
                    max_draft: int = 16, quiet: bool = False):
-    """Load model + measured forward costs; errors become one clear ClickException."""
-    from decoding.calibrate import load_or_measure
-    from decoding.engine import Generator
-    from decoding.model import ModelNotFound, load_model
+    """The pipeline's loader, with progress notes on stderr and errors as one clear line."""
+    from app.pipeline import load_generator as load
+    from decoding.model import ModelNotFound
 
     cache = paths.models_dir()
+    if not quiet and model_spec in (None, "", "bundled") and not (
+        cache / "smollm2-135m-instruct" / "config.json"
+    ).is_file():
+        click.echo("Converting the bundled model once (about 30 s)...", err=True)
+    if not quiet and not (cache / "forward_costs.json").is_file():
+        click.echo("Measuring this machine's forward cost once (a few seconds)...", err=True)
     try:
-        if not quiet and model_spec in (None, "", "bundled") and not (
-            cache / "smollm2-135m-instruct" / "config.json"
-        ).is_file():
-            click.echo("Converting the bundled model once (about 30 s)...", err=True)
-        loaded = load_model(model_spec, cache, device=device, exact=exact)
+        return load(model_spec, cache, max_draft, device=device, exact=exact)
     except ModelNotFound as exc:
         raise click.ClickException(str(exc)) from exc
-    if not quiet and not (cache / "forward_costs.json").is_file():
-        click.echo("Measuring forward cost on this machine once (a few seconds)...", err=True)
-    cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, max_draft + 1, cache)
-    return loaded, Generator.from_loaded(loaded, cost=cost)
 
 
 def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,

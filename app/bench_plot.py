@@ -1,0 +1,60 @@
+"""The `ragspec bench --plot` figure: speedup per question per method, and how many draft tokens
+each verify step accepted. matplotlib with the Agg backend (no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.bench import BASELINE, speedup
+
+
+def plot(results: dict, path: str | Path) -> Path:
+    """PNG: speedup per question per method (left), accepted-length histogram (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    entries = results["questions"]
+    shown = [m for m in results["methods"] if m != "greedy"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8),
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / max(1, len(shown))
+    for j, method in enumerate(shown):
+        xs = [i + (j - (len(shown) - 1) / 2) * width for i in range(len(entries))]
+        ys = [speedup(e, method) or 0.0 for e in entries]
+        label = f"{method} (vs {BASELINE[method]})"
+        left.bar(xs, ys, width=width, label=label)
+    left.axhline(1.0, color="black", linewidth=0.8)
+    left.axhline(0.97, color="grey", linewidth=0.8, linestyle=":")
+    left.set_xticks(range(len(entries)))
+    left.set_xticklabels([f"{e['id']}\n({e['kind']})" for e in entries], fontsize=7)
+    left.set_ylabel("end-to-end speedup (tokens/s ratio)")
+    left.set_title(f"speedup per question, {results['max_new_tokens']} new tokens")
+    left.legend(fontsize=8)
+
+    drafting = [m for m in ("ragspec", "oracle") if m in results["methods"]]
+    hists = []
+    for method in drafting:
+        h: dict[int, int] = {}
+        for e in entries:
+            for length, count in e["results"][method].get("accepted_lengths", {}).items():
+                h[int(length)] = h.get(int(length), 0) + count
+        hists.append(h)
+    top = max((max(h) for h in hists if h), default=0)
+    width = 0.8 / max(1, len(drafting))
+    for j, (method, h) in enumerate(zip(drafting, hists, strict=True)):
+        xs = [a + (j - (len(drafting) - 1) / 2) * width for a in range(top + 1)]
+        right.bar(xs, [h.get(a, 0) for a in range(top + 1)], width=width, label=method)
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
+    right.set_xlabel("draft tokens accepted in one verify step")
+    right.set_ylabel("verify steps (all questions)")
+    right.set_title("accepted-length histogram")
+    right.legend(fontsize=8)
+    fig.suptitle(f"{results['model']} on {results['device']}", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

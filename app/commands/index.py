@@ -1,0 +1,227 @@
+"""`ragspec ingest | list | remove | search`: build, inspect and query the passage index.
+
+The index lives in $RAGSPEC_HOME/index unless --index DIR says otherwise. Results go to stdout
+(plain, or JSON with --json); progress bars go to stderr so JSON stays machine-readable. Exit
+status: 0 on success, 1 when some input failed (each failure is named), 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import textwrap
+from dataclasses import asdict
+
+import click
+
+from app import paths
+
+# Only the (dependency-free) error classes at import time: LangChain, FAISS and torch load when a
+# command runs, so `ragspec --help` stays fast.
+from retrieval.errors import RetrievalError, UnknownDocumentError
+
+EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = retrieval.embeddings.ENV_VAR, without importing it
+
+index_option = click.option(
+    "--index", "index", metavar="DIR", default=None,
+    type=click.Path(file_okay=False, dir_okay=True),
+    help="Index directory (default: $RAGSPEC_HOME/index).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout.")
+
+
+@functools.lru_cache(maxsize=2)
+def _embedder(name: str | None):
+    # Cached so that several commands in one process (tests, the UI) load the model once.
+    from retrieval.embeddings import Embedder
+
+    return Embedder(name)
+
+
+def _open_store(index: str | None, with_embedder: bool):
+    from retrieval.store import PassageStore
+
+    embedder = _embedder(os.environ.get(EMBEDDER_ENV) or None) if with_embedder else None
+    try:
+        return PassageStore.open(paths.index_dir(index), embedder)
+    except RetrievalError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+class _ProgressBar:
+    """Turns IngestEvents into a click progress bar over files, on stderr."""
+
+    def __init__(self) -> None:
+        self._bar = None
+
+    def __call__(self, event) -> None:  # event: retrieval.ingest.IngestEvent
+        if event.kind == "start":
+            self._bar = click.progressbar(
+                length=max(event.files_total, 1), label="Ingesting", show_pos=True,
+                item_show_func=lambda item: item, file=click.get_text_stream("stderr"),
+            )
+            self._bar.__enter__()
+        elif self._bar is None:
+            return
+        elif event.kind == "file":
+            self._bar.update(0, _short(event.path))
+        elif event.kind == "passages":
+            self._bar.update(
+                0, f"{_short(event.path)} ({event.passages_done}/{event.passages_total} passages)"
+            )
+        elif event.kind == "done":
+            self._bar.update(1, _short(event.path))
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+def _short(path: str | None, width: int = 40) -> str:
+    path = path or ""
+    return path if len(path) <= width else "..." + path[-(width - 3):]
+
+
+@click.command("ingest")
+@click.argument("paths_", metavar="PATH...", nargs=-1, required=True, type=click.Path())
+@index_option
+@click.option("--recursive/--no-recursive", default=True, show_default=True,
+              help="Descend into sub-folders of folders given as PATH.")
+@json_option
+def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, as_json: bool) -> None:
+    """Add files and folders to the index, or bring changed files up to date.
+
+    Supported: PDF, plain text, Markdown, HTML and Word (.docx) files. Unchanged files are
+    skipped (by content hash); changed files replace their old passages. A file that cannot be
+    read is reported and the others are still ingested; the exit status is then 1. Files larger
+    than RAGSPEC_MAX_FILE_MB megabytes (default 50) are refused before being read.
+    """
+    from retrieval.ingest import SUPPORTED_SUFFIXES, ingest_paths
+
+    store = _open_store(index, with_embedder=True)
+    bar = _ProgressBar()
+    try:
+        report = ingest_paths(list(paths_), store, recursive=recursive, progress=bar)
+    except (RetrievalError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        bar.close()
+    if as_json:
+        click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
+    else:
+        for path in report.added:
+            click.echo(f"added      {path}")
+        for path in report.updated:
+            click.echo(f"updated    {path}")
+        for path in report.unchanged:
+            click.echo(f"unchanged  {path}")
+        for path, error in report.failed:
+            click.echo(f"FAILED     {path}: {error}")
+        click.echo(
+            f"{len(report.added)} added, {len(report.updated)} updated, "
+            f"{len(report.unchanged)} unchanged, {len(report.failed)} failed; "
+            f"{report.passages_added} new passages. Index {store.index_dir}: "
+            f"{len(store.documents())} documents, {store.passage_count()} passages."
+        )
+        if report.skipped:
+            click.echo(
+                f"Skipped {len(report.skipped)} file(s) of other types inside folders "
+                f"(supported: {', '.join(SUPPORTED_SUFFIXES)})."
+            )
+    if report.failed:
+        sys.exit(1)
+
+
+@click.command("list")
+@index_option
+@json_option
+def list_cmd(index: str | None, as_json: bool) -> None:
+    """List the documents in the index with passage counts, sizes and ingestion times."""
+    store = _open_store(index, with_embedder=False)
+    documents = store.documents()
+    if as_json:
+        click.echo(json.dumps([asdict(d) for d in documents], ensure_ascii=False, indent=2))
+        return
+    if not documents:
+        click.echo(f"The index in {store.index_dir} is empty; add files with `ragspec ingest PATH`.")
+        return
+    click.echo(f"{'ID':<12}  {'PASSAGES':>8}  {'SIZE':>9}  {'INGESTED (UTC)':<19}  SOURCE")
+    for d in documents:
+        when = d.ingested_at.replace("T", " ")[:19]
+        click.echo(f"{d.doc_id:<12}  {d.passages:>8}  {_size(d.size_bytes):>9}  {when:<19}  {d.source}")
+    click.echo(f"{len(documents)} documents, {store.passage_count()} passages in {store.index_dir}")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+@click.command("remove")
+@click.argument("docs", metavar="DOC...", nargs=-1, required=True)
+@index_option
+@json_option
+def remove(docs: tuple[str, ...], index: str | None, as_json: bool) -> None:
+    """Remove documents (by id, as shown by `ragspec list`, or by path) and their passages."""
+    store = _open_store(index, with_embedder=False)
+    removed, failed = [], []
+    try:
+        with store.writing():
+            for doc in docs:
+                try:
+                    removed.append(store.remove(doc))
+                except UnknownDocumentError as exc:
+                    failed.append((doc, str(exc)))
+    except RetrievalError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps({
+            "removed": [asdict(d) for d in removed],
+            "failed": [{"doc": doc, "error": error} for doc, error in failed],
+        }, ensure_ascii=False, indent=2))
+    else:
+        for d in removed:
+            click.echo(f"removed  {d.source} ({d.passages} passages)")
+        for doc, error in failed:
+            click.echo(f"FAILED   {doc}: {error}")
+    if failed:
+        sys.exit(1)
+
+
+@click.command("search")
+@click.argument("query", nargs=-1, required=True)
+@click.option("-k", "k", type=click.IntRange(min=1), default=4, show_default=True,
+              help="How many passages to return.")
+@index_option
+@json_option
+def search(query: tuple[str, ...], k: int, index: str | None, as_json: bool) -> None:
+    """Show the passages most similar to QUERY, with score, source, page and offset."""
+    store = _open_store(index, with_embedder=True)
+    try:
+        hits = store.search(" ".join(query), k=k)
+    except (RetrievalError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps([
+            {"score": round(h.score, 6), "text": h.passage.text, "source": h.passage.source,
+             "page": h.passage.page, "start": h.passage.start}
+            for h in hits
+        ], ensure_ascii=False, indent=2))
+        return
+    if not hits:
+        click.echo(f"The index in {store.index_dir} is empty; add files with `ragspec ingest PATH`.")
+        return
+    for rank, h in enumerate(hits, start=1):
+        page = f" p.{h.passage.page}" if h.passage.page is not None else ""
+        click.echo(f"[{rank}] {h.score:.3f}  {h.passage.source}{page} @{h.passage.start}")
+        click.echo(textwrap.indent(textwrap.fill(" ".join(h.passage.text.split()), 96), "    "))
+        click.echo()
+
+
+COMMANDS = [ingest, list_cmd, remove, search]

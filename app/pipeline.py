@@ -1,0 +1,373 @@
+"""Question to answer: rewrite a follow-up, retrieve passages, build the prompt, generate.
+
+Contract:
+  * `Pipeline.prepare(question, history)` returns a PreparedPrompt: the prompt's token ids in the
+    model's chat template (system instruction, numbered passages [1]..[n] with their source, then
+    the question), the passages actually used, and one SourceRegion per passage telling the
+    engine which prompt tokens hold it and, per token, which characters of the passage text it
+    covers. So every accepted draft copied from a passage carries `origin.source` (the passage's
+    0-based index in `PreparedPrompt.passages`, i.e. citation number - 1) and a character range
+    of `passages[source].text`.
+  * The prompt fits the model's context with room for `max_new_tokens`: the lowest-ranked
+    passages are dropped first, the last one kept may be cut short at a word boundary; the
+    question is never cut (a question that alone does not fit is a ValueError).
+  * Follow-ups (see `standalone_question`): with chat history, a question that leans on an
+    earlier one ("and what about its GPU version?") is made standalone by prefixing the previous
+    standalone question. A rule, not the model: a 135M model rewrites questions unreliably and
+    the rewrite would cost a whole generation before retrieval starts.
+  * `stream` / `ask`: generation through decoding.Generator; `ask` is the collected stream.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from app.paths import MODEL_CACHE_ENV  # noqa: F401  (re-exported for callers)
+from decoding.engine import GenerationStream, Generator
+from decoding.types import GenerationConfig, GenerationResult, SourceRegion
+from retrieval.store import Passage
+
+# Chosen by trying variants on the bundled SmolLM2-135M (see docs in the report / README):
+# a short instruction, passages in the user turn, the question last.
+SYSTEM_PROMPT = (
+    "You answer questions using only the numbered passages the user gives you. "
+    "Copy the relevant sentences from the passages word for word, and cite them like [1]. "
+    "If the passages do not contain the answer, say that you do not know."
+)
+
+
+class NoDocumentsError(RuntimeError):
+    """The index holds no passages: there is nothing to answer from."""
+
+
+def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """Where converted models and forward costs live (see app.paths.models_dir)."""
+    from app import paths
+
+    return paths.models_dir(override)
+
+
+def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
+                   max_draft: int = 16, *, device: str | None = None, exact: bool = False):
+    """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2), with the forward
+    cost curve measured once per model and device and cached next to the models."""
+    from decoding.calibrate import load_or_measure
+    from decoding.model import load_model
+
+    cache = model_cache_dir(cache_dir)
+    loaded = load_model(model, cache, device=device, exact=exact)
+    cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, max_draft + 1, cache)
+    return loaded, Generator.from_loaded(loaded, cost=cost)
+
+
+@dataclass
+class PipelineConfig:
+    """k: passages retrieved per question.
+    max_new_tokens: the answer's length limit, and the room kept free for it in the context.
+    max_prompt_tokens: cap on the prompt's length (None: the model's context minus
+        max_new_tokens); a smaller cap means a faster prefill on a CPU.
+    min_passage_chars: a passage that would have to be cut shorter than this is dropped instead.
+    rewrite_followups: make follow-up questions standalone using the chat history.
+    best_last: list the passages in reverse rank order, so the best one ([1]) sits right before
+        the question; a 135M model quotes the passage nearest the question most (see README).
+    system_prompt: the instruction given to the model.
+    """
+
+    k: int = 4
+    max_new_tokens: int = 256
+    max_prompt_tokens: int | None = None
+    min_passage_chars: int = 200
+    rewrite_followups: bool = True
+    best_last: bool = True
+    system_prompt: str = SYSTEM_PROMPT
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= 50:
+            raise ValueError(f"k (passages per question) must be between 1 and 50, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 16:
+            raise ValueError(
+                f"max_prompt_tokens must be >= 16 (or None for the model's context), "
+                f"got {self.max_prompt_tokens}"
+            )
+        if self.min_passage_chars < 0:
+            raise ValueError(f"min_passage_chars must be >= 0, got {self.min_passage_chars}")
+        if not self.system_prompt.strip():
+            raise ValueError("system_prompt must not be empty")
+
+
+@dataclass
+class PreparedPrompt:
+    """A prompt ready for the engine.
+
+    sources[i] is the SourceRegion of passages[i] (label i). scores[i] is its retrieval score
+    (empty when passages were given directly). dropped: retrieved passages left out to fit the
+    context. truncated: True when the last passage kept was cut short.
+    """
+
+    prompt_ids: list[int]
+    sources: list[SourceRegion]
+    passages: list[Passage]
+    standalone_question: str
+    prompt_text: str
+    scores: list[float] = field(default_factory=list)
+    dropped: list[Passage] = field(default_factory=list)
+    truncated: bool = False
+
+
+@dataclass
+class Answer:
+    result: GenerationResult
+    passages: list[Passage]
+    prepared: PreparedPrompt
+
+    def to_dict(self) -> dict:
+        """{"answer": <generate --json object>, "passages": [...]}: the `ask --json` shapes."""
+        return {
+            "answer": self.result.to_dict(),
+            "passages": passages_to_dicts(self.prepared, self.result.spans),
+        }
+
+
+def passages_to_dicts(prepared: PreparedPrompt, spans: Sequence = ()) -> list[dict]:
+    """The cited passages as JSON: number, provenance, score and the char ranges copied."""
+    from app.render import copied_ranges
+
+    copied = copied_ranges(spans)
+    out = []
+    for i, p in enumerate(prepared.passages):
+        out.append({
+            "n": i + 1,
+            "id": p.id,
+            "doc_id": p.doc_id,
+            "source": p.source,
+            "page": p.page,
+            "start": p.start,
+            "score": prepared.scores[i] if i < len(prepared.scores) else None,
+            "text": p.text,
+            "copied": [list(r) for r in copied.get(i, [])],
+        })
+    return out
+
+
+# -- follow-up questions ------------------------------------------------------------------------
+
+_REFERRING = {
+    "it", "its", "it's", "they", "them", "their", "theirs", "this", "that", "these", "those",
+    "there", "he", "she", "his", "her", "one", "ones", "same", "former", "latter", "above",
+    "also", "too", "else", "instead",
+}
+_FOLLOWUP_OPENERS = ("and ", "but ", "also ", "so ", "what about", "how about", "then ", "or ")
+
+
+def is_followup(question: str) -> bool:
+    """A question that needs the conversation to make sense: it opens like a continuation,
+    refers back with a pronoun, or is too short to stand alone (three words or fewer)."""
+    q = question.strip().lower()
+    words = re.findall(r"[a-z']+", q)
+    return (
+        q.startswith(_FOLLOWUP_OPENERS)
+        or any(w in _REFERRING for w in words)
+        or len(words) <= 3
+    )
+
+
+def standalone_question(question: str, history: Sequence[dict] = ()) -> str:
+    """The question made standalone with a simple rule.
+
+    history: chat turns, oldest first, as {"role": "user"|"assistant", "content": str}; a user
+    turn may carry "standalone" (what this function returned for it), so chains of follow-ups
+    keep the original subject. A follow-up (see is_followup) becomes
+    "<previous standalone question> <question>"; anything else is returned unchanged.
+    """
+    question = question.strip()
+    previous = next(
+        (t.get("standalone") or t.get("content", "") for t in reversed(list(history))
+         if t.get("role") == "user" and (t.get("standalone") or t.get("content", "")).strip()),
+        "",
+    ).strip()
+    if not previous or not is_followup(question):
+        return question
+    return f"{previous} {question}"
+
+
+# -- the pipeline -------------------------------------------------------------------------------
+
+class Pipeline:
+    """Retrieval + prompt building + generation for one store and one generator."""
+
+    def __init__(self, store, generator: Generator, config: PipelineConfig | None = None):
+        self.store = store
+        self.generator = generator
+        self.config = config or PipelineConfig()
+        self.tokenizer = generator.tokenizer
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise ValueError(
+                "the pipeline needs a fast (Rust) tokenizer: it maps prompt tokens back to "
+                "passage characters with the offset mapping only fast tokenizers provide"
+            )
+
+    @property
+    def prompt_budget(self) -> int:
+        budget = self.generator.context_length - self.config.max_new_tokens
+        if self.config.max_prompt_tokens is not None:
+            budget = min(budget, self.config.max_prompt_tokens)
+        if budget < 16:
+            raise ValueError(
+                f"max_new_tokens ({self.config.max_new_tokens}) leaves no room for a prompt in "
+                f"the model's context of {self.generator.context_length} tokens; lower it"
+            )
+        return budget
+
+    def prepare(self, question: str, history: Sequence[dict] = ()) -> PreparedPrompt:
+        """Rewrite a follow-up, retrieve the top-k passages and build the prompt."""
+        question = _check_question(question)
+        standalone = (standalone_question(question, history)
+                      if self.config.rewrite_followups else question)
+        if self.store.passage_count() == 0:
+            raise NoDocumentsError(
+                "No documents are indexed yet. Add some with `ragspec ingest PATH...` or the "
+                "upload box in the sidebar of `ragspec ui`."
+            )
+        hits = self.store.search(standalone, k=self.config.k)
+        return self._build(standalone, [h.passage for h in hits], [h.score for h in hits])
+
+    def prepare_with_passages(self, question: str, passages: Sequence[Passage]) -> PreparedPrompt:
+        """Build the prompt from given passages (no retrieval, no rewriting)."""
+        return self._build(_check_question(question), list(passages), [])
+
+    def stream(self, prepared: PreparedPrompt, gen_config: GenerationConfig) -> GenerationStream:
+        return self.generator.stream(prepared.prompt_ids, gen_config, sources=prepared.sources)
+
+    def ask(self, question: str, history: Sequence[dict] = (),
+            gen_config: GenerationConfig | None = None) -> Answer:
+        prepared = self.prepare(question, history)
+        config = gen_config or GenerationConfig(max_new_tokens=self.config.max_new_tokens)
+        result = self.stream(prepared, config).result()
+        return Answer(result=result, passages=list(prepared.passages), prepared=prepared)
+
+    # -- prompt building ------------------------------------------------------------------
+
+    def _build(self, question: str, passages: list[Passage], scores: list[float]) -> PreparedPrompt:
+        budget = self.prompt_budget
+        rendered = self._render(question, [])
+        if len(rendered[1]) > budget:
+            raise ValueError(
+                f"the question alone takes {len(rendered[1])} prompt tokens, more than the "
+                f"{budget} available (context {self.generator.context_length} minus "
+                f"max_new_tokens {self.config.max_new_tokens}); ask a shorter question"
+            )
+        # Longest prefix of the ranked passages that fits whole (each render is ~1 ms).
+        kept = 0
+        for n in range(len(passages), 0, -1):
+            rendered_n = self._render(question, passages[:n])
+            if len(rendered_n[1]) <= budget:
+                kept, rendered = n, rendered_n
+                break
+        used = passages[:kept]
+        truncated = False
+        if kept < len(passages):
+            cut = self._fit_cut(question, used, passages[kept], budget)
+            if cut is not None:
+                used = [*used, cut]
+                rendered = self._render(question, used)
+                truncated = True
+        text, ids, offsets, spans = rendered
+        sources = [_region(i, ids, offsets, start, end) for i, (start, end) in enumerate(spans)]
+        return PreparedPrompt(
+            prompt_ids=ids, sources=sources, passages=used, standalone_question=question,
+            prompt_text=text, scores=scores[: len(used)], dropped=passages[len(used):],
+            truncated=truncated,
+        )
+
+    def _fit_cut(self, question: str, used: list[Passage], passage: Passage,
+                 budget: int) -> Passage | None:
+        """The longest word-boundary prefix of `passage` that still fits after `used`, or None
+        when that would be shorter than min_passage_chars (and other passages are kept)."""
+        floor = self.config.min_passage_chars if used else 1
+        cuts = [m.start() for m in re.finditer(r"\s+", passage.text)] + [len(passage.text)]
+        cuts = [c for c in cuts if c >= floor]
+        lo, hi, best = 0, len(cuts) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            candidate = replace(passage, text=passage.text[: cuts[mid]])
+            if len(self._render(question, [*used, candidate])[1]) <= budget:
+                best, lo = candidate, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    def _messages(self, question: str, passages: list[Passage]) -> tuple[list[dict], list[tuple[int, int]]]:
+        """Chat messages, and where each passage's text lies in the user message."""
+        parts, spans, pos = [], {}, 0
+        if passages:
+            parts.append("Passages:\n\n")
+            pos += len(parts[-1])
+            order = range(len(passages))
+            for i in reversed(order) if self.config.best_last else order:
+                p = passages[i]
+                header = f"[{i + 1}] (from {_source_label(p)})\n"
+                parts.append(header)
+                pos += len(header)
+                spans[i] = (pos, pos + len(p.text))
+                parts.append(p.text + "\n\n")
+                pos += len(parts[-1])
+        parts.append(f"Question: {question}")
+        messages = [
+            {"role": "system", "content": self.config.system_prompt},
+            {"role": "user", "content": "".join(parts)},
+        ]
+        return messages, [spans[i] for i in range(len(passages))]
+
+    def _render(self, question: str, passages: list[Passage]):
+        """(prompt text, token ids, per-token char offsets, passage char spans in the text)."""
+        messages, spans = self._messages(question, passages)
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        else:  # a base model: as decoding.model.chat_prompt_ids does
+            text = "\n\n".join(m["content"] for m in messages)
+            enc = tok(text, return_offsets_mapping=True)
+        user = messages[-1]["content"]
+        base = text.rfind(user)
+        if base < 0:
+            raise ValueError(
+                "the model's chat template changes the message text; the pipeline cannot "
+                "locate the passages in the prompt"
+            )
+        located = [(base + s, base + e) for s, e in spans]
+        return text, list(enc["input_ids"]), list(enc["offset_mapping"]), located
+
+
+def _region(label: int, ids: list[int], offsets: list, start: int, end: int) -> SourceRegion:
+    """The prompt tokens overlapping text[start:end], with char offsets relative to start.
+
+    A token straddling the passage edge (e.g. " The" when the passage starts at "The") is
+    included and its range clipped to the passage.
+    """
+    inside = [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
+    if not inside:
+        return SourceRegion(0, 0, label, ())
+    first, last = inside[0], inside[-1]
+    chars = tuple(
+        (max(a, start) - start, max(min(b, end), a, start) - start)
+        for a, b in offsets[first : last + 1]
+    )
+    return SourceRegion(first, last + 1, label, chars)
+
+
+def _source_label(p: Passage) -> str:
+    name = Path(p.source).name or p.source
+    return f"{name}, page {p.page}" if p.page else name
+
+
+def _check_question(question: str) -> str:
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("the question is empty: type a question about your documents")
+    return question.strip()

@@ -1,0 +1,163 @@
+"""Spans and passages to safe HTML for the Streamlit page (and small helpers the UI and CLI share).
+
+Contract: every piece of document or model text goes through `escape_text`, which makes it inert
+both as HTML (`<`, `>`, `&`, quotes) and as the Markdown that st.markdown would otherwise apply
+(`*`, `_`, `#`, `[`, `$`, `:` ... become character references, newlines become <br>), so a
+passage containing "<script>" or "**bold**" shows exactly those characters. The HTML returned is
+one line starting with a <div>, which Markdown passes through as a raw HTML block.
+
+Drafted spans are <mark class="rs-draft"> with a `title` (shown on hover) naming the passage and
+character range they were copied from; passages are rendered with their copied ranges marked the
+same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+DRAFT_COLOUR = "#ffe38a"
+OWN_COLOUR = "#d5ecff"
+
+# Characters Markdown (and Streamlit's extensions: :emoji:, :red[...], $math$) would interpret.
+_MARKDOWN_CHARS = "\\`*_{}[]()#+-.!|~$:<>&\"'="
+_ENTITIES = {ord(c): f"&#{ord(c)};" for c in _MARKDOWN_CHARS}
+_ENTITIES[ord("\n")] = "<br>"
+_ENTITIES[ord("\r")] = ""
+
+STYLE = f"""<style>
+mark.rs-draft {{ background: {DRAFT_COLOUR}; padding: 0 1px; border-radius: 3px; }}
+.rs-answer, .rs-passage {{ line-height: 1.6; }}
+.rs-passage {{ font-size: 0.9em; border-left: 3px solid #ddd; padding-left: 0.6em; }}
+.rs-legend {{ font-size: 0.85em; color: #555; }}
+</style>"""
+
+
+def escape_text(text: str) -> str:
+    """Text as inert HTML: no tag, entity, Markdown or Streamlit directive survives."""
+    return text.translate(_ENTITIES)
+
+
+def _mark(inner: str, title: str) -> str:
+    return (f'<mark class="rs-draft" style="background:{DRAFT_COLOUR}" '
+            f'title="{escape_text(title)}">{inner}</mark>')
+
+
+def passage_label(index: int, passage) -> str:
+    """'[2] faq.md, page 3' for the passage at 0-based index."""
+    name = Path(passage.source).name or passage.source
+    page = f", page {passage.page}" if getattr(passage, "page", None) else ""
+    return f"[{index + 1}] {name}{page}"
+
+
+def span_title(span, passages: Sequence = ()) -> str:
+    """The hover text of a drafted span: where it was copied from."""
+    o = span.origin
+    if o is None:
+        return "accepted draft"
+    if o.source is not None and isinstance(o.source, int) and 0 <= o.source < len(passages):
+        p = passages[o.source]
+        excerpt = p.text[o.char_start : o.char_end]
+        if len(excerpt) > 160:
+            excerpt = excerpt[:157] + "..."
+        return (f"accepted draft copied from {passage_label(o.source, p)}, "
+                f"characters {o.char_start}-{o.char_end}: \u201c{excerpt}\u201d")
+    if o.in_prompt:
+        return f"accepted draft copied from the prompt (token {o.position})"
+    return f"accepted draft copied from earlier in the answer (token {o.position})"
+
+
+def spans_html(spans: Iterable, passages: Sequence = ()) -> str:
+    """The answer as one HTML line: drafted spans marked, with provenance on hover."""
+    out = []
+    for span in spans:
+        inner = escape_text(span.text)
+        if not inner:
+            continue
+        out.append(_mark(inner, span_title(span, passages)) if span.drafted else inner)
+    return f'<div class="rs-answer">{"".join(out)}</div>'
+
+
+def copied_ranges(spans: Iterable) -> dict[int, list[tuple[int, int]]]:
+    """Passage index -> sorted, merged character ranges that drafted spans copied from it."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for span in spans:
+        o = getattr(span, "origin", None)
+        if not span.drafted or o is None or o.source is None or o.char_start is None:
+            continue
+        if o.char_end > o.char_start:
+            ranges.setdefault(o.source, []).append((o.char_start, o.char_end))
+    return {k: _merge(v) for k, v in ranges.items()}
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def passage_html(text: str, ranges: Sequence[tuple[int, int]] = ()) -> str:
+    """A passage as one HTML line with the given character ranges marked."""
+    out, pos = [], 0
+    for start, end in _merge(list(ranges)):
+        start, end = max(start, pos), min(end, len(text))
+        if end <= start:
+            continue
+        out.append(escape_text(text[pos:start]))
+        out.append(_mark(escape_text(text[start:end]), "copied into the answer"))
+        pos = end
+    out.append(escape_text(text[pos:]))
+    return f'<div class="rs-passage">{"".join(out)}</div>'
+
+
+def legend_html() -> str:
+    return (f'<div class="rs-legend"><mark class="rs-draft-legend" style="background:'
+            f'{DRAFT_COLOUR}">highlighted</mark> = accepted draft: copied from a passage by the '
+            f'n-gram drafter and confirmed by the model in one forward pass; plain text = '
+            f'written by the model token by token. Hover a highlight to see its source.</div>')
+
+
+def accepted_per_step(spans: Sequence) -> list[int]:
+    """Accepted draft tokens in each decode step, derived from the span stream.
+
+    Each verify step emits its accepted draft (a drafted span) followed by the model's own token
+    (an undrafted span); the first span comes from the prefill and is not a step. Steps whose
+    draft was rejected, or that drafted nothing, count 0.
+    """
+    steps, pending = [], 0
+    for i, span in enumerate(spans):
+        if span.drafted:
+            pending += len(span.token_ids)
+            continue
+        if i > 0 or pending:
+            steps.extend([0] * (len(span.token_ids) - 1))
+            steps.append(pending)
+        else:
+            steps.extend([0] * (len(span.token_ids) - 1))
+        pending = 0
+    if pending:
+        steps.append(pending)  # stopped (EOS/limit) inside an accepted draft
+    return steps
+
+
+def identical_verdict(baseline_ids: Sequence[int], spec_ids: Sequence[int],
+                      greedy: bool) -> tuple[bool | None, str]:
+    """(identical?, message) comparing the speculation-off and -on answers."""
+    if list(baseline_ids) == list(spec_ids):
+        return True, f"\u2705 Token-identical: both runs wrote the same {len(spec_ids)} tokens."
+    if not greedy:
+        return None, ("\u2139\ufe0f The answers differ, as expected with sampling "
+                      "(temperature > 0): each run draws its own tokens.")
+    pairs = zip(baseline_ids, spec_ids, strict=False)
+    first = next((i for i, (a, b) in enumerate(pairs) if a != b),
+                 min(len(baseline_ids), len(spec_ids)))
+    return False, (f"\u274c Not identical: the answers diverge at token {first} "
+                   f"(a floating-point near-tie; see README, Exactness).")
+
+
+def speedup(baseline_seconds: float, spec_seconds: float) -> float:
+    return baseline_seconds / spec_seconds if spec_seconds > 0 else 0.0

@@ -1,0 +1,270 @@
+"""`ragspec bench` on the tiny model: the results schema, the speedup arithmetic, greedy identity,
+the per-kind summary, and the questions file's errors. No real model, index or pipeline: the
+command's setup is replaced by prepared prompts over the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from app import bench as core
+from app.cli import main
+from app.commands import bench as bench_cmd
+from decoding.engine import Generator
+
+RESULT_FIELDS = {"new_tokens", "seconds", "ttft_seconds", "tokens_per_s", "decode_tokens_per_s",
+                 "forward_passes", "drafted_tokens", "accepted_tokens", "identical_to_greedy"}
+SUMMARY_FIELDS = {"median_speedup", "min_speedup", "median_decode_speedup", "median_tokens_per_s",
+                  "accept_rate", "mean_accepted_length", "all_identical"}
+MAX_NEW = 16
+
+PROMPTS = [
+    ("c1", "copy", "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over "),
+    ("c2", "copy", "port 7431 serves the api. port 7431 serves the api. port 7431 serves "),
+    ("o1", "open", "Write a poem about the sea:"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The tiny model gains nothing from threads, and on a shared 2-core machine torch's
+    # spinning worker threads make every small op wait for a descheduled sibling.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_gen(tiny_model, tiny_tokenizer):
+    return Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny_tokenizer):
+    return [core.Prepared(core.Question(qid, text, kind), tiny_tokenizer(text)["input_ids"])
+            for qid, kind, text in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def results(tiny_gen, prepared):
+    seen = []
+    entries = core.run_bench(core.Runner(tiny_gen), prepared, MAX_NEW,
+                             progress=lambda q, m: seen.append((q.id, m)))
+    assert len(seen) == len(prepared) * len(core.METHODS)  # one progress tick per run
+    return core.build_results("tiny", "cpu", MAX_NEW, entries)
+
+
+def test_results_json_has_the_issue_schema(results):
+    json.loads(json.dumps(results))  # serialisable as is
+    assert set(results) == {"model", "device", "max_new_tokens", "methods", "questions", "summary"}
+    assert results["methods"] == ["greedy", "ragspec", "hf_greedy", "hf_pld", "oracle"]
+    assert [q["id"] for q in results["questions"]] == ["c1", "c2", "o1"]
+    for q in results["questions"]:
+        assert {"id", "kind", "prompt_tokens", "results"} <= set(q)
+        assert q["prompt_tokens"] > 0
+        assert set(q["results"]) == set(core.METHODS)
+        for method, r in q["results"].items():
+            assert RESULT_FIELDS <= set(r), method
+            assert 1 <= r["new_tokens"] <= MAX_NEW
+            assert 0 < r["ttft_seconds"] <= r["seconds"]
+            assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"])
+        # what a transformers method cannot report is null, not a made-up number
+        assert q["results"]["hf_greedy"]["forward_passes"] is None
+        assert q["results"]["hf_pld"]["forward_passes"] is None
+        assert q["results"]["hf_pld"]["drafted_tokens"] is None
+        assert q["results"]["greedy"]["drafted_tokens"] == 0
+        assert q["results"]["greedy"]["forward_passes"] == q["results"]["greedy"]["new_tokens"] - 1
+    assert set(results["summary"]) == {"copy", "open", "all"}
+    for kind in results["summary"].values():
+        assert set(kind) == set(core.METHODS)
+        for stats in kind.values():
+            assert set(stats) == SUMMARY_FIELDS
+
+
+def test_greedy_methods_are_identical_to_greedy(results):
+    for q in results["questions"]:
+        for method in ("greedy", "ragspec", "hf_greedy", "oracle"):
+            assert q["results"][method]["identical_to_greedy"], (q["id"], method)
+    for method in ("greedy", "ragspec", "hf_greedy"):
+        assert results["summary"]["all"][method]["all_identical"] is True
+
+
+def test_oracle_accepts_every_draft_of_the_true_continuation(results):
+    for q in results["questions"]:
+        oracle = q["results"]["oracle"]
+        assert oracle["accepted_tokens"] == oracle["drafted_tokens"] > 0
+        assert oracle["forward_passes"] < q["results"]["greedy"]["forward_passes"]
+
+
+def _entry(qid, kind, **tps):
+    """A question entry whose methods have the given tokens_per_s (decode rate twice that)."""
+    results = {}
+    for method in core.METHODS:
+        rate = tps.get(method, 10.0)
+        drafted = {"ragspec": 8, "oracle": 8}.get(method, 0)
+        results[method] = {
+            "new_tokens": 100, "seconds": 100 / rate, "ttft_seconds": 0.5,
+            "tokens_per_s": rate, "decode_tokens_per_s": 2 * rate, "forward_passes": None,
+            "drafted_tokens": None if method == "hf_pld" else drafted,
+            "accepted_tokens": {"ragspec": 6, "oracle": 8}.get(method, 0),
+            "identical_to_greedy": True,
+            "accepted_lengths": {"ragspec": {"2": 1, "4": 1}, "oracle": {"8": 1}}.get(method, {}),
+        }
+    return {"id": qid, "kind": kind, "prompt_tokens": 50, "results": results}
+
+
+def test_speedups_are_against_each_methods_own_baseline():
+    entries = [
+        _entry("a", "copy", greedy=10, ragspec=25, hf_greedy=8, hf_pld=10, oracle=30),
+        _entry("b", "copy", greedy=10, ragspec=20, hf_greedy=10, hf_pld=9, oracle=28),
+        _entry("c", "open", greedy=10, ragspec=9.8, hf_greedy=10, hf_pld=12, oracle=15),
+    ]
+    assert core.speedup(entries[0], "ragspec") == pytest.approx(2.5)
+    assert core.speedup(entries[0], "hf_pld") == pytest.approx(1.25)  # over hf_greedy, not greedy
+    assert core.speedup(entries[0], "hf_greedy") == pytest.approx(0.8)
+    assert core.speedup(entries[0], "hf_pld", "decode_tokens_per_s") == pytest.approx(1.25)
+    s = core.summarize(entries)
+    assert s["copy"]["ragspec"]["median_speedup"] == pytest.approx(2.25)
+    assert s["copy"]["ragspec"]["min_speedup"] == pytest.approx(2.0)
+    assert s["copy"]["hf_pld"]["median_speedup"] == pytest.approx((1.25 + 0.9) / 2)
+    assert s["open"]["ragspec"]["median_speedup"] == pytest.approx(0.98)
+    assert s["all"]["ragspec"]["min_speedup"] == pytest.approx(0.98)
+    assert s["all"]["greedy"]["median_speedup"] == pytest.approx(1.0)
+    assert s["copy"]["ragspec"]["median_tokens_per_s"] == pytest.approx(22.5)
+    # pooled over questions: 18 of 24 drafted tokens; steps of 2, 4 (three times each)
+    assert s["all"]["ragspec"]["accept_rate"] == pytest.approx(0.75)
+    assert s["all"]["ragspec"]["mean_accepted_length"] == pytest.approx(3.0)
+    assert s["all"]["oracle"]["accept_rate"] == pytest.approx(1.0)
+    # no drafts, or drafts a method does not report: null, not 0
+    assert s["all"]["greedy"]["accept_rate"] is None
+    assert s["all"]["hf_pld"]["accept_rate"] is None
+
+    results = core.build_results("m", "cpu", 100, entries)
+    targets = {name: ok for name, ok, _ in core.check_targets(results)}
+    assert targets["copy: ragspec median speedup >= 2.0x"] is True
+    assert targets["every question: ragspec speedup >= 0.97x"] is True
+    assert targets["copy: ragspec >= 80% of the oracle"] is False  # 2.25 < 0.8 x 2.9
+    table = core.format_table(results)
+    assert "copy (n=2)" in table and "open (n=1)" in table and "2.25×" in table
+
+
+def test_summary_kind_without_questions_is_null():
+    s = core.summarize([_entry("a", "copy", ragspec=20)])
+    assert s["open"]["ragspec"] == dict.fromkeys(SUMMARY_FIELDS)
+    assert s["all"]["ragspec"]["median_speedup"] == pytest.approx(2.0)
+    assert "open (n=" not in core.format_table(core.build_results("m", "cpu", 100, [
+        _entry("a", "copy", ragspec=20)]))
+
+
+def test_method_order_runs_greedy_first_and_rotates_the_rest():
+    orders = [core.method_order(i) for i in range(4)]
+    for order in orders:
+        assert order[0] == "greedy" and sorted(order) == sorted(core.METHODS)
+    assert len({tuple(o) for o in orders}) == 4
+
+
+def test_questions_file_missing_kind_means_copy(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": "a", "question": "Why?"}\n\n{"question": "How?", "kind": "open"}\n')
+    qs = core.load_questions(path)
+    assert [(q.id, q.kind) for q in qs] == [("a", "copy"), ("3", "open")]
+    assert len(core.load_questions(path, limit=1)) == 1
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"id": "a", "question": "Why?"}\n{"id": "b", "question": \n', "line 2: not valid JSON"),
+    ('{"id": "a", "question": "Why?", "kind": "poem"}\n', 'must be "copy" or "open"'),
+    ('{"id": "a"}\n', '"question" must be a non-empty string'),
+    ('["a list"]\n', "expected an object"),
+    ('{"id": "a", "question": "x"}\n{"id": "a", "question": "y"}\n', "duplicate id 'a'"),
+    ("\n\n", "holds no questions"),
+])
+def test_bad_questions_file_gives_a_clear_error(tmp_path, content, message):
+    path = tmp_path / "q.jsonl"
+    path.write_text(content)
+    with pytest.raises(core.BenchInputError, match=message.replace("(", r"\(")):
+        core.load_questions(path)
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch, tiny_gen, prepared):
+    monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
+    calls = {}
+
+    def fake_setup(model, corpus, index, questions, max_new_tokens):
+        calls.update(model=model, corpus=corpus, index=index, max_new_tokens=max_new_tokens,
+                     ids=[q.id for q in questions])
+        return bench_cmd.Setup("tiny", "cpu", tiny_gen, prepared[: len(questions)])
+
+    monkeypatch.setattr(bench_cmd, "build_setup", fake_setup)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"id": qid, "question": t, "kind": k}) + "\n"
+                                 for qid, k, t in PROMPTS))
+    return tmp_path, corpus, questions, calls
+
+
+def test_cli_writes_results_and_plot(cli_env):
+    tmp_path, corpus, questions, calls = cli_env
+    out, png = tmp_path / "results.json", tmp_path / "results.png"
+    result = CliRunner().invoke(main, [
+        "bench", "--corpus", str(corpus), "--questions", str(questions), "--max-new-tokens", "8",
+        "--limit", "2", "--out", str(out), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    assert calls["max_new_tokens"] == 8 and calls["ids"] == ["c1", "c2"]
+    data = json.loads(out.read_text())
+    assert data["max_new_tokens"] == 8 and len(data["questions"]) == 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| copy (n=2) | ragspec |" in result.output
+    assert "greedy identity" in result.output
+
+
+def test_cli_json_prints_the_results_object(cli_env):
+    _, corpus, questions, _ = cli_env
+    result = CliRunner().invoke(main, ["bench", "--corpus", str(corpus), "--questions",
+                                       str(questions), "--max-new-tokens", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data["summary"]) == {"copy", "open", "all"}
+
+
+def test_cli_bad_questions_file_exits_1_and_says_where(cli_env):
+    tmp_path, corpus, _, _ = cli_env
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "question": "ok"}\nnot json\n')
+    result = CliRunner().invoke(main, ["bench", "--corpus", str(corpus), "--questions", str(bad)])
+    assert result.exit_code == 1
+    assert "line 2: not valid JSON" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args", [
+    ["--max-new-tokens", "0"],
+    ["--limit", "0"],
+    ["--questions", "does-not-exist.jsonl"],
+])
+def test_cli_bad_usage_exits_2(cli_env, args):
+    _, corpus, questions, _ = cli_env
+    base = {"--corpus": str(corpus), "--questions": str(questions)}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    result = CliRunner().invoke(main, ["bench", *[x for kv in base.items() for x in kv]])
+    assert result.exit_code == 2, result.output
+
+
+def test_cli_failed_inputs_are_named_and_exit_1(cli_env, monkeypatch, tiny_gen, prepared):
+    tmp_path, corpus, questions, _ = cli_env
+    monkeypatch.setattr(bench_cmd, "build_setup", lambda *a: bench_cmd.Setup(
+        "tiny", "cpu", tiny_gen, prepared[:1], ["corpus file broken.pdf: not a PDF"]))
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(main, ["bench", "--corpus", str(corpus), "--questions",
+                                       str(questions), "--max-new-tokens", "4",
+                                       "--out", str(out)])
+    assert result.exit_code == 1
+    assert "broken.pdf: not a PDF" in result.output
+    assert len(json.loads(out.read_text())["questions"]) == 1  # the rest was still measured
