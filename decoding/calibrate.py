@@ -2,8 +2,7 @@
 
 The draft policy needs c(n), n = 1..max_draft+1 (decoding.policy). The curve depends on the
 model, the device, the dtype and the thread count, so it is measured on the first use of each
-combination (a few seconds on the CPU) and kept as JSON next to the converted models; the engine
-then refines it online from its own timed forwards.
+combination (a few seconds on the CPU) and kept as JSON next to the converted models.
 """
 
 from __future__ import annotations

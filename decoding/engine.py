@@ -209,7 +209,6 @@ class GenerationStream:
 
             # -- verify: the cache holds all but the last token
             past = len(index) - 1
-            t0 = time.perf_counter()
             logits = gen._forward([index.tokens[-1], *draft], cache)  # (k+1, vocab)
 
             # -- accept
@@ -218,8 +217,6 @@ class GenerationStream:
             else:
                 accepted, token = accept_sampled(logits, draft, sampling, rng)
             crop_cache(cache, past + 1 + accepted)
-            if gen.cost is not None:
-                gen.cost.observe(len(draft) + 1, time.perf_counter() - t0)
             if policy is not None and draft:
                 policy.observe(match, len(draft), accepted)
 

@@ -13,17 +13,25 @@ def match(extended, available=16):
     return Match(n=min(extended, 4), extended=extended, origin=0, tokens=list(range(available)))
 
 
-def brute_best(rate, cost, limit):
-    options = [(1 / cost(1), 0)] + [(expected_tokens(rate, k) / cost(k + 1), k) for k in range(1, limit + 1)]
-    return max(options)[1]
+def brute_best(rates, cost, limit):
+    """Enumerate k; expected tokens summed term by term from the per-position rates."""
+    best, best_k = 1 / cost(1), 0
+    for k in range(1, limit + 1):
+        tokens, reach = 1.0, 1.0
+        for i in range(k):
+            reach *= rates[i]
+            tokens += reach
+        if tokens / cost(k + 1) > best:
+            best, best_k = tokens / cost(k + 1), k
+    return best_k
 
 
 def test_choice_maximises_expected_tokens_per_second():
     for extended in (1, 2, 3, 5, 9, 20, 40):
         for cost in (CPU, FLAT):
             policy = DraftPolicy(DraftConfig(), cost)
-            rate = policy.acceptance.rate(extended)
-            assert policy.choose(match(extended), 100) == brute_best(rate, cost, 16)
+            rates = [policy.acceptance.rate(extended, i) for i in range(16)]
+            assert policy.choose(match(extended), 100) == brute_best(rates, cost, 16)
 
 
 def test_weak_single_token_match_gets_at_most_one_token_on_a_steep_cost_curve():
@@ -64,14 +72,23 @@ def test_rejections_shrink_drafts_and_acceptances_grow_them():
     assert keen.choose(match(2), 100) >= before
 
 
-def test_acceptance_prior_grows_with_evidence():
+def test_acceptance_prior_grows_with_evidence_and_along_the_draft():
     model = AcceptanceModel()
     rates = [model.rate(e) for e in (1, 2, 4, 9, 30)]
     assert rates == sorted(rates) and rates[0] < 0.5 < rates[-1]
+    along = [model.rate(1, i) for i in range(6)]
+    assert along == sorted(along) and along[0] < along[-1]
 
 
-def test_forward_cost_learns_online_and_extrapolates():
-    cost = ForwardCost([1.0, 2.0])
-    cost.observe(1, 3.0)
-    assert 1.0 < cost(1) < 3.0
-    assert cost(4) > cost(2)
+def test_outcomes_update_the_position_they_happened_at():
+    model = AcceptanceModel()
+    before = [model.rate(3, i) for i in range(3)]
+    model.observe(3, drafted=5, accepted=1)  # token 0 accepted, token 1 rejected
+    assert model.rate(3, 0) > before[0]
+    assert model.rate(3, 1) < before[1]
+    assert model.rate(3, 2) == before[2]
+
+
+def test_expected_tokens_matches_the_geometric_sum_for_a_constant_rate():
+    assert abs(expected_tokens(0.5, 3) - (1 + 0.5 + 0.25 + 0.125)) < 1e-12
+    assert expected_tokens([0.5, 1.0], 3) == 1 + 0.5 + 0.5 + 0.5
