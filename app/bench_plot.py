@@ -32,7 +32,9 @@ def plot(results: dict, path: str | Path) -> Path:
     left.set_xticklabels([f"{e['id']}\n({e['kind']})" for e in entries], fontsize=7)
     left.set_ylabel("end-to-end speedup (tokens/s ratio)")
     left.set_title(f"speedup per question, {results['max_new_tokens']} new tokens")
-    left.legend(fontsize=8)
+    top_speedup = max((speedup(e, m) or 0.0 for e in entries for m in shown), default=1.0)
+    left.set_ylim(0, max(1.2, top_speedup) * 1.3)  # headroom so the legend covers no bar
+    left.legend(fontsize=8, ncol=2, loc="upper left")
 
     drafting = [m for m in ("ragspec", "oracle") if m in results["methods"]]
     hists = []
