@@ -28,6 +28,7 @@ from pathlib import Path
 
 from app.paths import MODEL_CACHE_ENV  # noqa: F401  (re-exported for callers)
 from decoding.engine import GenerationStream, Generator
+from decoding.model import chat_prompt_text
 from decoding.types import GenerationConfig, GenerationResult, SourceRegion
 from retrieval.store import Passage
 
@@ -327,13 +328,8 @@ class Pipeline:
     def _render(self, question: str, passages: list[Passage]):
         """(prompt text, token ids, per-token char offsets, passage char spans in the text)."""
         messages, spans = self._messages(question, passages)
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        else:  # a base model: as decoding.model.chat_prompt_ids does
-            text = "\n\n".join(m["content"] for m in messages)
-            enc = tok(text, return_offsets_mapping=True)
+        text, special = chat_prompt_text(self.tokenizer, messages)
+        enc = self.tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
         user = messages[-1]["content"]
         base = text.rfind(user)
         if base < 0:

@@ -121,29 +121,6 @@ def legend_html() -> str:
             f'written by the model token by token. Hover a highlight to see its source.</div>')
 
 
-def accepted_per_step(spans: Sequence) -> list[int]:
-    """Accepted draft tokens in each decode step, derived from the span stream.
-
-    Each verify step emits its accepted draft (a drafted span) followed by the model's own token
-    (an undrafted span); the first span comes from the prefill and is not a step. Steps whose
-    draft was rejected, or that drafted nothing, count 0.
-    """
-    steps, pending = [], 0
-    for i, span in enumerate(spans):
-        if span.drafted:
-            pending += len(span.token_ids)
-            continue
-        if i > 0 or pending:
-            steps.extend([0] * (len(span.token_ids) - 1))
-            steps.append(pending)
-        else:
-            steps.extend([0] * (len(span.token_ids) - 1))
-        pending = 0
-    if pending:
-        steps.append(pending)  # stopped (EOS/limit) inside an accepted draft
-    return steps
-
-
 def identical_verdict(baseline_ids: Sequence[int], spec_ids: Sequence[int],
                       greedy: bool) -> tuple[bool | None, str]:
     """(identical?, message) comparing the speculation-off and -on answers."""

@@ -225,7 +225,7 @@ def show_stats(run: dict, baseline: dict | None) -> None:
             st.markdown(f"Acceptance rate **{100 * s.accept_rate:.0f}%** · mean accepted draft "
                         f"length **{s.mean_accepted_length:.2f}** tokens · "
                         f"{s.new_tokens} tokens in {s.forward_passes + 1} forwards")
-            steps = rd.accepted_per_step(run["spans"])
+            steps = s.accepted_per_step
             if steps:
                 st.caption("Accepted draft tokens per decoding step")
                 st.bar_chart({"accepted tokens": steps}, height=160)

@@ -18,6 +18,7 @@ import torch
 from decoding.engine import crop_cache, new_cache
 from decoding.policy import ForwardCost
 
+COSTS_FILE = "forward_costs.json"  # in the model cache directory, one entry per cost_key
 CONTEXT_TOKENS = 512  # a typical RAG prompt's order of magnitude
 REPEATS = 3
 
@@ -62,7 +63,7 @@ def load_or_measure(model, device: torch.device, dtype: torch.dtype, max_tokens:
                     cache_dir: Path | None) -> ForwardCost:
     """The cached curve for this model/device if it covers max_tokens, else measure and save."""
     key = cost_key(model, device, dtype)
-    path = Path(cache_dir) / "forward_costs.json" if cache_dir else None
+    path = Path(cache_dir) / COSTS_FILE if cache_dir else None
     table: dict = {}
     if path and path.is_file():
         try:

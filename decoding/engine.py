@@ -140,6 +140,8 @@ class GenerationStream:
         self.spans: list[Span] = []
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self._decoder = IncrementalDecoder(gen.tokenizer)
+        self._stop_cut: int | None = None  # where a stop string starts in the decoded text
+        self._held = ""  # decoded text not yet streamed (a possible stop-string prefix)
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[Span]:
@@ -152,8 +154,6 @@ class GenerationStream:
     def text(self) -> str:
         return self._decoder.text if self._stop_cut is None else self._decoder.text[: self._stop_cut]
 
-    _stop_cut: int | None = None
-    _held = ""  # decoded text not yet streamed (a possible stop-string prefix)
 
     def result(self) -> GenerationResult:
         for _ in self:
@@ -221,6 +221,7 @@ class GenerationStream:
                 policy.observe(match, len(draft), accepted)
 
             stats.forward_passes += 1
+            stats.accepted_per_step.append(accepted)
             if draft:
                 stats.drafted_tokens += len(draft)
                 stats.accepted_tokens += accepted

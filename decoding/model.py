@@ -95,12 +95,18 @@ def _configure_threads(device: torch.device) -> None:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
 
 
+def is_converted(cache_dir: Path | str) -> bool:
+    """True when the bundled model's converted folder is already under cache_dir."""
+    target = Path(cache_dir) / _CONVERTED_DIR
+    return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
+
+
 def convert_bundled(cache_dir: Path) -> Path:
     """De-quantise the bundled GGUF once and save it as a normal HF folder; returns the folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = Path(cache_dir) / _CONVERTED_DIR
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+    if is_converted(cache_dir):
         return target
     gguf = bundled_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -133,8 +139,7 @@ def convert_bundled(cache_dir: Path) -> Path:
 def resolve(spec: str | None, cache_dir: Path) -> tuple[str, str, bool]:
     """(path or id to load, display name, converted now?) for a model spec."""
     if spec in (None, "", BUNDLED):
-        folder = Path(cache_dir) / _CONVERTED_DIR
-        had = (folder / "config.json").is_file()
+        had = is_converted(cache_dir)
         return str(convert_bundled(cache_dir)), BUNDLED_NAME, not had
     path = Path(spec).expanduser()
     if path.exists():
@@ -188,11 +193,17 @@ def load_model(
     )
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of messages in the model's chat template, ending where the assistant speaks."""
+def chat_prompt_text(tokenizer, messages: list[dict[str, str]]) -> tuple[str, bool]:
+    """(prompt text, add_special_tokens) for messages in the model's chat template, ending where
+    the assistant speaks. The template already holds the special tokens; a base model without a
+    template gets plain text, one message per paragraph, and the tokenizer's own BOS."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    # A base model without a template: plain text, one message per paragraph.
-    text = "\n\n".join(m["content"] for m in messages)
-    return tokenizer(text)["input_ids"]
+        return text, False
+    return "\n\n".join(m["content"] for m in messages), True
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of messages in the model's chat template (see chat_prompt_text)."""
+    text, special = chat_prompt_text(tokenizer, messages)
+    return tokenizer(text, add_special_tokens=special)["input_ids"]

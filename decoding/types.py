@@ -90,7 +90,8 @@ class GenerationStats:
 
     forward_passes counts decode forwards after the prefill (prefill is one more forward).
     accepted_lengths[a] counts verify steps that accepted exactly a draft tokens (steps with
-    a draft only). seconds = prefill_seconds + decode_seconds. tokens_per_s is over the whole
+    a draft only). accepted_per_step lists, for every decode forward in order, the draft tokens
+    it accepted (0 for a step with no draft or a rejected one). seconds = prefill_seconds + decode_seconds. tokens_per_s is over the whole
     time; decode_tokens_per_s counts tokens after the first over the time after the first.
     """
 
@@ -100,6 +101,7 @@ class GenerationStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     accepted_lengths: dict[int, int] = field(default_factory=dict)
+    accepted_per_step: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     ttft_seconds: float = 0.0

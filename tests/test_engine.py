@@ -85,6 +85,11 @@ def test_spans_reassemble_output_and_drafts_copy_their_origin(tiny_model, tiny_t
         assert s.new_tokens == len(result.token_ids)
         assert s.accepted_tokens == sum(len(sp.token_ids) for sp in result.spans if sp.drafted)
         assert s.accepted_tokens == sum(a * n for a, n in s.accepted_lengths.items())
+        assert len(s.accepted_per_step) == s.forward_passes
+        assert sum(s.accepted_per_step) == s.accepted_tokens
+        if s.stop_reason != "eos":  # EOS may end the output inside an accepted draft
+            assert [a for a in s.accepted_per_step if a] == [
+                len(sp.token_ids) for sp in result.spans if sp.drafted]
         assert s.forward_passes == len(result.token_ids) - 1 - s.accepted_tokens or s.stop_reason == "eos"
     assert seen_drafts > 0
 

@@ -65,14 +65,6 @@ def test_passage_html_marks_copied_ranges_and_escapes():
     assert marked == ["<i>b</i>", "d"]
 
 
-def test_accepted_per_step_reads_the_span_stream():
-    spans = [Span("a", [1], False),                       # prefill token
-             Span("b", [2, 3], True), Span("c", [4], False),  # step: 2 accepted + own
-             Span("d", [5], False),                        # step: nothing accepted
-             Span("e", [6, 7, 8], True)]                   # stopped inside a draft
-    assert rd.accepted_per_step(spans) == [2, 0, 3]
-
-
 def test_identical_verdict():
     assert rd.identical_verdict([1, 2], [1, 2], True)[0] is True
     ok, message = rd.identical_verdict([1, 2, 3], [1, 5, 3], True)

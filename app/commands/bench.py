@@ -38,13 +38,9 @@ def load_generator(model: str | None) -> tuple[object, str, str]:
     """(Generator with this machine's measured forward cost, model name, device description)."""
     import torch
 
-    from app.pipeline import load_generator as pipeline_generator
-    from decoding.model import ModelNotFound
+    from app.commands.generate import load_generator as cli_generator
 
-    try:
-        lm, generator = pipeline_generator(model)
-    except ModelNotFound as exc:
-        raise click.ClickException(str(exc)) from exc
+    lm, generator = cli_generator(model, quiet=True)
     dtype = str(lm.dtype).replace("torch.", "")
     if lm.device.type == "cuda":
         device = f"cuda ({torch.cuda.get_device_name(lm.device)}, {dtype})"

@@ -54,14 +54,13 @@ def load_generator(model_spec: str | None, device: str | None = None, exact: boo
                    max_draft: int = 16, quiet: bool = False):
     """The pipeline's loader, with progress notes on stderr and errors as one clear line."""
     from app.pipeline import load_generator as load
-    from decoding.model import ModelNotFound
+    from decoding.calibrate import COSTS_FILE
+    from decoding.model import BUNDLED, ModelNotFound, is_converted
 
     cache = paths.models_dir()
-    if not quiet and model_spec in (None, "", "bundled") and not (
-        cache / "smollm2-135m-instruct" / "config.json"
-    ).is_file():
+    if not quiet and model_spec in (None, "", BUNDLED) and not is_converted(cache):
         click.echo("Converting the bundled model once (about 30 s)...", err=True)
-    if not quiet and not (cache / "forward_costs.json").is_file():
+    if not quiet and not (cache / COSTS_FILE).is_file():
         click.echo("Measuring this machine's forward cost once (a few seconds)...", err=True)
     try:
         return load(model_spec, cache, max_draft, device=device, exact=exact)
