@@ -235,25 +235,42 @@ def method_order(index: int, methods: Sequence[str] = METHODS) -> list[str]:
 
 
 def bench_question(runner: Runner, index: int, item: Prepared, max_new_tokens: int,
-                   progress: ProgressFn | None = None) -> dict:
-    runs: dict[str, MethodRun] = {}
-    for method in method_order(index):
-        runs[method] = runner.run(method, item.prompt_ids, max_new_tokens, sources=item.sources,
-                                  reference=runs["greedy"].token_ids if "greedy" in runs else None)
-        if progress:
-            progress(item.question, method)
-    greedy_ids = runs["greedy"].token_ids
-    results = {m: runs[m].to_dict(runs["hf_greedy"].token_ids if m == "greedy" else greedy_ids)
-               for m in METHODS}
+                   progress: ProgressFn | None = None, repeats: int = 1) -> dict:
+    """Run every method `repeats` times (rounds, each in its own rotated order) and keep each
+    method's fastest run: on a shared machine load only ever adds time, so the minimum is the
+    least disturbed measurement. Every round starts ragspec's draft policy from the state it had
+    before this question, so a repeat does not learn from the question it is timed on. A method
+    counts as identical only if all its runs were."""
+    runs: dict[str, list[MethodRun]] = {m: [] for m in METHODS}
+    policies = runner.gen.policy_state()
+    for round_ in range(repeats):
+        runner.gen.restore_policy_state(policies)
+        for method in method_order(index + round_):
+            reference = runs["greedy"][0].token_ids if runs["greedy"] else None
+            runs[method].append(runner.run(method, item.prompt_ids, max_new_tokens,
+                                           sources=item.sources, reference=reference))
+            if progress:
+                progress(item.question, method)
+    greedy_ids = runs["greedy"][0].token_ids
+    results = {}
+    for m in METHODS:
+        reference = runs["hf_greedy"][0].token_ids if m == "greedy" else greedy_ids
+        best = min(runs[m], key=lambda r: r.seconds)
+        results[m] = best.to_dict(reference)
+        results[m]["identical_to_greedy"] = all(r.token_ids == list(reference) for r in runs[m])
+        results[m]["runs_seconds"] = [r.seconds for r in runs[m]]
     q = item.question
     return {"id": q.id, "kind": q.kind, "prompt_tokens": len(item.prompt_ids), "results": results}
 
 
 def run_bench(runner: Runner, prepared: Sequence[Prepared], max_new_tokens: int, *,
-              progress: ProgressFn | None = None, warmup: bool = True) -> list[dict]:
+              progress: ProgressFn | None = None, warmup: bool = True,
+              repeats: int = 1) -> list[dict]:
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     if warmup and prepared:
         warm_up(runner, prepared[0])
-    return [bench_question(runner, i, item, max_new_tokens, progress)
+    return [bench_question(runner, i, item, max_new_tokens, progress, repeats)
             for i, item in enumerate(prepared)]
 
 
@@ -303,9 +320,11 @@ def summarize(entries: list[dict], methods: Sequence[str] = METHODS) -> dict:
     return summary
 
 
-def build_results(model: str, device: str, max_new_tokens: int, entries: list[dict]) -> dict:
+def build_results(model: str, device: str, max_new_tokens: int, entries: list[dict],
+                  repeats: int = 1) -> dict:
     return {"model": model, "device": device, "max_new_tokens": max_new_tokens,
-            "methods": list(METHODS), "questions": entries, "summary": summarize(entries)}
+            "repeats": repeats, "methods": list(METHODS), "questions": entries,
+            "summary": summarize(entries)}
 
 
 # -- reporting ---------------------------------------------------------------------------------

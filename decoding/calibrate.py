@@ -15,12 +15,15 @@ from pathlib import Path
 
 import torch
 
-from decoding.engine import crop_cache, new_cache
+from decoding.cache import crop_cache, new_cache
 from decoding.policy import ForwardCost
 
 COSTS_FILE = "forward_costs.json"  # in the model cache directory, one entry per cost_key
 CONTEXT_TOKENS = 512  # a typical RAG prompt's order of magnitude
 REPEATS = 3
+# Part of every cache key: bump it when the engine's forward path changes what a forward costs
+# (2: the in-place KV cache of decoding.cache), so curves measured before are not reused.
+CURVE_VERSION = 2
 
 
 def cost_key(model, device: torch.device, dtype: torch.dtype) -> str:
@@ -28,7 +31,8 @@ def cost_key(model, device: torch.device, dtype: torch.dtype) -> str:
     cfg = model.config
     shape = f"{cfg.model_type}-L{getattr(cfg, 'num_hidden_layers', '?')}-H{getattr(cfg, 'hidden_size', '?')}"
     threads = torch.get_num_threads() if device.type == "cpu" else 0
-    return f"{Path(str(name)).name}|{shape}|{device.type}|{str(dtype).replace('torch.', '')}|t{threads}"
+    return (f"{Path(str(name)).name}|{shape}|{device.type}|{str(dtype).replace('torch.', '')}"
+            f"|t{threads}|v{CURVE_VERSION}")
 
 
 @torch.inference_mode()

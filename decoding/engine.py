@@ -16,11 +16,13 @@ One step, with the KV cache holding every token but the last:
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator, Sequence
 
 import torch
 
+from decoding.cache import crop_cache, new_cache
 from decoding.detok import IncrementalDecoder
 from decoding.ngram import Match, NgramIndex
 from decoding.policy import DraftPolicy, ForwardCost
@@ -33,22 +35,6 @@ from decoding.types import (
     Span,
     SpanOrigin,
 )
-
-
-def new_cache(model):
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:
-        return DynamicCache()
-
-
-def crop_cache(cache, length: int) -> None:
-    """Keep the first `length` positions of a DynamicCache."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
 
 
 class Generator:
@@ -108,6 +94,14 @@ class Generator:
         if key not in self._policies:
             self._policies[key] = DraftPolicy(key, self.cost or ForwardCost.flat(key.max_draft + 1))
         return self._policies[key]
+
+    def policy_state(self) -> dict:
+        """A copy of what the draft policies have learned so far (for restore_policy_state)."""
+        return copy.deepcopy(self._policies)
+
+    def restore_policy_state(self, state: dict) -> None:
+        """Forget what was learned since policy_state() returned `state`."""
+        self._policies = copy.deepcopy(state)
 
     @torch.inference_mode()
     def _forward(self, ids: list[int], cache, logits_to_keep: int = 0) -> torch.Tensor:

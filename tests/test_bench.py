@@ -4,6 +4,7 @@ command's setup is replaced by prepared prompts over the tiny model."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -60,7 +61,8 @@ def results(tiny_gen, prepared):
 
 def test_results_json_has_the_issue_schema(results):
     json.loads(json.dumps(results))  # serialisable as is
-    assert set(results) == {"model", "device", "max_new_tokens", "methods", "questions", "summary"}
+    assert set(results) == {"model", "device", "max_new_tokens", "repeats", "methods", "questions",
+                            "summary"}
     assert results["methods"] == ["greedy", "ragspec", "hf_greedy", "hf_pld", "oracle"]
     assert [q["id"] for q in results["questions"]] == ["c1", "c2", "o1"]
     for q in results["questions"]:
@@ -98,6 +100,38 @@ def test_oracle_accepts_every_draft_of_the_true_continuation(results):
         oracle = q["results"]["oracle"]
         assert oracle["accepted_tokens"] == oracle["drafted_tokens"] > 0
         assert oracle["forward_passes"] < q["results"]["greedy"]["forward_passes"]
+
+
+def test_repeats_keep_each_methods_fastest_run_and_reset_the_policy(tiny_gen, prepared):
+    runner = core.Runner(tiny_gen)
+    ragspec_runs, policy_states = [], []
+    run = runner.run
+
+    def spy(method, *args, **kwargs):
+        if method == "ragspec":
+            policy_states.append(copy.deepcopy(
+                {key: p.acceptance for key, p in tiny_gen._policies.items()}))
+        result = run(method, *args, **kwargs)
+        if method == "ragspec":
+            ragspec_runs.append((result.forward_passes, result.drafted_tokens))
+        return result
+
+    runner.run = spy
+    ticks = []
+    entry = core.bench_question(runner, 0, prepared[1], MAX_NEW,
+                                progress=lambda q, m: ticks.append(m), repeats=3)
+    assert len(ticks) == 3 * len(core.METHODS)
+    assert ticks[: len(core.METHODS)] != ticks[len(core.METHODS) : 2 * len(core.METHODS)]
+    for method, r in entry["results"].items():
+        assert len(r["runs_seconds"]) == 3, method
+        assert r["seconds"] == min(r["runs_seconds"])
+        assert r["identical_to_greedy"], method
+    # each round starts from the policy state before the question: the same drafting each time
+    assert len(ragspec_runs) == 3 and len(set(ragspec_runs)) == 1
+    assert ragspec_runs[0][1] > 0  # it drafted, so a run without the reset would learn
+    assert policy_states[0] == policy_states[1] == policy_states[2]
+    with pytest.raises(ValueError, match="repeats"):
+        core.run_bench(runner, prepared, MAX_NEW, repeats=0)
 
 
 def _entry(qid, kind, **tps):

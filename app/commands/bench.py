@@ -115,10 +115,14 @@ def prepare_prompts(generator, corpus: str, index: str | None, questions, max_ne
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",
               type=click.Path(dir_okay=False),
               help="Write a PNG: speedup per question per method, accepted-length histogram.")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1),
+              metavar="N",
+              help="Run every method N times per question and keep each one's fastest run "
+                   "(steadier numbers on a shared machine; N times as long).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
 def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
           limit: int | None, index: str | None, out: str | None, plot_path: str | None,
-          as_json: bool) -> None:
+          repeats: int, as_json: bool) -> None:
     """Benchmark ragspec against greedy decoding, transformers' prompt lookup and an oracle.
 
     Ingests DIR, builds each question's prompt with the real pipeline, then runs on every
@@ -140,14 +144,16 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
         raise click.ClickException("no question could be prepared; nothing to benchmark")
 
     runner = core.Runner(setup.generator)
-    total = len(setup.prepared) * len(core.METHODS)
+    total = len(setup.prepared) * len(core.METHODS) * repeats
     with click.progressbar(length=total, label="Benchmarking", show_pos=True, show_eta=True,
                            item_show_func=lambda item: item,
                            file=click.get_text_stream("stderr")) as bar:
         bar.update(0, "warm-up")
         entries = core.run_bench(runner, setup.prepared, max_new_tokens,
-                                 progress=lambda q, m: bar.update(1, f"{q.id} {m}"))
-    results = core.build_results(setup.model_name, setup.device, max_new_tokens, entries)
+                                 progress=lambda q, m: bar.update(1, f"{q.id} {m}"),
+                                 repeats=repeats)
+    results = core.build_results(setup.model_name, setup.device, max_new_tokens, entries,
+                                 repeats)
 
     if out:
         _write(out, lambda path: open(path, "w", encoding="utf-8").write(
@@ -158,7 +164,8 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
         click.echo(json.dumps(results, indent=1, ensure_ascii=False))
     else:
         click.echo(f"{setup.model_name} on {setup.device}, {max_new_tokens} new tokens, "
-                   f"{len(entries)} questions")
+                   f"{len(entries)} questions"
+                   + (f", fastest of {repeats} runs each" if repeats > 1 else ""))
         click.echo(core.format_table(results))
         click.echo(core.format_targets(results))
     if setup.failures:

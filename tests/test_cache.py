@@ -1,0 +1,53 @@
+"""The in-place KV cache: same logits as transformers' DynamicCache through prefill, verify
+forwards, crops and buffer growth; cropping only moves the fill mark."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from decoding import cache as kv
+from decoding.cache import GrowingLayer, crop_cache, new_cache
+
+
+@torch.inference_mode()
+def _step(model, cache, ids):
+    return model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True).logits[0]
+
+
+def test_growing_cache_matches_dynamic_cache_through_crops_and_growth(tiny_model, monkeypatch):
+    monkeypatch.setattr(kv, "_SPARE", 3)  # force the buffers to grow many times
+    gen = torch.Generator().manual_seed(1)
+    vocab = tiny_model.config.vocab_size
+    ours, theirs = new_cache(tiny_model), DynamicCache(config=tiny_model.config)
+    assert all(isinstance(layer, GrowingLayer) for layer in ours.layers)
+    prompt = torch.randint(3, vocab, (40,), generator=gen).tolist()
+    assert torch.equal(_step(tiny_model, ours, prompt), _step(tiny_model, theirs, prompt))
+    length = len(prompt)
+    for n, keep in [(1, 1), (6, 2), (9, 9), (4, 0), (12, 5), (1, 1), (17, 3)]:
+        ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
+        a, b = _step(tiny_model, ours, ids), _step(tiny_model, theirs, ids)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+        length += keep
+        crop_cache(ours, length)
+        crop_cache(theirs, length)
+        assert ours.get_seq_length() == theirs.get_seq_length() == length
+        for mine, ref in zip(ours.layers, theirs.layers, strict=True):
+            assert torch.equal(mine.keys, ref.keys) and torch.equal(mine.values, ref.values)
+
+
+def test_crop_keeps_the_buffer_and_later_writes_overwrite():
+    layer = GrowingLayer()
+    first = torch.arange(2 * 5 * 4, dtype=torch.float32).view(1, 2, 5, 4)
+    keys, _ = layer.update(first, -first)
+    buffer = layer._key_buf
+    assert layer.get_seq_length() == 5 and torch.equal(keys, first)
+    layer.crop(-3)
+    assert layer.get_seq_length() == 2 and torch.equal(layer.keys, first[:, :, :2])
+    new = torch.full((1, 2, 1, 4), 7.0)
+    keys, values = layer.update(new, new)
+    assert layer._key_buf is buffer  # no reallocation, no copy of the kept positions
+    assert torch.equal(keys, torch.cat([first[:, :, :2], new], dim=2))
+    assert torch.equal(values, torch.cat([-first[:, :, :2], new], dim=2))
+    with pytest.raises(ValueError):
+        layer.crop(2)
