@@ -29,11 +29,6 @@ class GrowingLayer(DynamicLayer):
         self._value_buf: torch.Tensor | None = None
         self._length = 0
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self._key_buf = self._value_buf = None
-        self._length = 0
-
     def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         capacity = 0 if self._key_buf is None else self._key_buf.shape[-2]
         if needed <= capacity:

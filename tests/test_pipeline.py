@@ -111,11 +111,18 @@ def test_source_regions_map_back_without_a_chat_template(tiny_tokenizer):
     assert_regions_map_back(prepared, tiny_tokenizer)
 
 
+def prepare_over_budget(tokenizer, short_by: int, min_passage_chars: int):
+    """PASSAGES prepared under a prompt budget `short_by` tokens below what they all need."""
+    full = pipeline_for(tokenizer).prepare_with_passages("Which port?", PASSAGES)
+    budget = len(full.prompt_ids) - short_by
+    prepared = pipeline_for(tokenizer, max_prompt_tokens=budget,
+                            min_passage_chars=min_passage_chars
+                            ).prepare_with_passages("Which port?", PASSAGES)
+    return prepared, budget
+
+
 def test_trimming_drops_lowest_ranked_passages_first_and_fits_the_budget(smol_tokenizer):
-    full = pipeline_for(smol_tokenizer).prepare_with_passages("Which port?", PASSAGES)
-    budget = len(full.prompt_ids) - 20
-    prepared = pipeline_for(smol_tokenizer, max_prompt_tokens=budget,
-                            min_passage_chars=10_000).prepare_with_passages("Which port?", PASSAGES)
+    prepared, budget = prepare_over_budget(smol_tokenizer, 20, min_passage_chars=10_000)
     assert len(prepared.prompt_ids) <= budget
     assert prepared.passages == PASSAGES[:2]
     assert prepared.dropped == PASSAGES[2:]
@@ -124,10 +131,7 @@ def test_trimming_drops_lowest_ranked_passages_first_and_fits_the_budget(smol_to
 
 
 def test_last_kept_passage_is_cut_at_a_word_boundary_to_fit(smol_tokenizer):
-    full = pipeline_for(smol_tokenizer).prepare_with_passages("Which port?", PASSAGES)
-    budget = len(full.prompt_ids) - 12
-    prepared = pipeline_for(smol_tokenizer, max_prompt_tokens=budget,
-                            min_passage_chars=20).prepare_with_passages("Which port?", PASSAGES)
+    prepared, budget = prepare_over_budget(smol_tokenizer, 12, min_passage_chars=20)
     assert len(prepared.prompt_ids) <= budget
     assert prepared.truncated and len(prepared.passages) == 3
     cut = prepared.passages[-1]
