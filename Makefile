@@ -11,7 +11,7 @@ export RAGSPEC_HOME ?= $(CURDIR)/.ragspec-home
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install test test-fast demo lint bench clean chromium
+.PHONY: install test test-fast demo lint bench clean chromium screenshot
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium not installed: the browser test will be skipped"
+
+# Refresh the README's picture of the chat (the browser test, writing into docs/).
+screenshot: $(STAMP) chromium
+	RAGSPEC_SCREENSHOT=$(CURDIR)/docs/screenshot.png $(PY) -m pytest -q tests/test_ui_browser.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser"

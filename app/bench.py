@@ -276,7 +276,7 @@ def run_bench(runner: Runner, prepared: Sequence[Prepared], max_new_tokens: int,
 
 # -- aggregation -------------------------------------------------------------------------------
 
-def speedup(entry: dict, method: str, metric: str = "tokens_per_s") -> float | None:
+def entry_speedup(entry: dict, method: str, metric: str = "tokens_per_s") -> float | None:
     base = entry["results"][BASELINE[method]][metric]
     mine = entry["results"][method][metric]
     return mine / base if base else None
@@ -288,8 +288,8 @@ def _median(values: list[float]) -> float | None:
 
 def _method_summary(entries: list[dict], method: str) -> dict:
     runs = [e["results"][method] for e in entries]
-    speedups = [s for s in (speedup(e, method) for e in entries) if s is not None]
-    decode = [s for s in (speedup(e, method, "decode_tokens_per_s") for e in entries)
+    speedups = [s for s in (entry_speedup(e, method) for e in entries) if s is not None]
+    decode = [s for s in (entry_speedup(e, method, "decode_tokens_per_s") for e in entries)
               if s is not None]
     drafted = [r["drafted_tokens"] for r in runs]
     accept_rate = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.bench import BASELINE, speedup
+from app.bench import BASELINE, entry_speedup
 
 
 def plot(results: dict, path: str | Path) -> Path:
@@ -23,7 +23,7 @@ def plot(results: dict, path: str | Path) -> Path:
     width = 0.8 / max(1, len(shown))
     for j, method in enumerate(shown):
         xs = [i + (j - (len(shown) - 1) / 2) * width for i in range(len(entries))]
-        ys = [speedup(e, method) or 0.0 for e in entries]
+        ys = [entry_speedup(e, method) or 0.0 for e in entries]
         label = f"{method} (vs {BASELINE[method]})"
         left.bar(xs, ys, width=width, label=label)
     left.axhline(1.0, color="black", linewidth=0.8)
@@ -32,7 +32,7 @@ def plot(results: dict, path: str | Path) -> Path:
     left.set_xticklabels([f"{e['id']}\n({e['kind']})" for e in entries], fontsize=7)
     left.set_ylabel("end-to-end speedup (tokens/s ratio)")
     left.set_title(f"speedup per question, {results['max_new_tokens']} new tokens")
-    top_speedup = max((speedup(e, m) or 0.0 for e in entries for m in shown), default=1.0)
+    top_speedup = max((entry_speedup(e, m) or 0.0 for e in entries for m in shown), default=1.0)
     left.set_ylim(0, max(1.2, top_speedup) * 1.3)  # headroom so the legend covers no bar
     left.legend(fontsize=8, ncol=2, loc="upper left")
 

@@ -20,20 +20,18 @@ Contract:
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
-from app.paths import MODEL_CACHE_ENV  # noqa: F401  (re-exported for callers)
+from app.render import copied_ranges, source_label
 from decoding.engine import GenerationStream, Generator
 from decoding.model import chat_prompt_text
 from decoding.types import GenerationConfig, GenerationResult, SourceRegion
 from retrieval.store import Passage
 
-# Chosen by trying variants on the bundled SmolLM2-135M (see docs in the report / README):
-# a short instruction, passages in the user turn, the question last.
+# Chosen by trying variants on the bundled SmolLM2-135M: a short instruction, passages in the
+# user turn, the question last.
 SYSTEM_PROMPT = (
     "You answer questions using only the numbered passages the user gives you. "
     "Copy the relevant sentences from the passages word for word, and cite them like [1]. "
@@ -43,26 +41,6 @@ SYSTEM_PROMPT = (
 
 class NoDocumentsError(RuntimeError):
     """The index holds no passages: there is nothing to answer from."""
-
-
-def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """Where converted models and forward costs live (see app.paths.models_dir)."""
-    from app import paths
-
-    return paths.models_dir(override)
-
-
-def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
-                   max_draft: int = 16, *, device: str | None = None, exact: bool = False):
-    """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2), with the forward
-    cost curve measured once per model and device and cached next to the models."""
-    from decoding.calibrate import load_or_measure
-    from decoding.model import load_model
-
-    cache = model_cache_dir(cache_dir)
-    loaded = load_model(model, cache, device=device, exact=exact)
-    cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, max_draft + 1, cache)
-    return loaded, Generator.from_loaded(loaded, cost=cost)
 
 
 @dataclass
@@ -137,8 +115,6 @@ class Answer:
 
 def passages_to_dicts(prepared: PreparedPrompt, spans: Sequence = ()) -> list[dict]:
     """The cited passages as JSON: number, provenance, score and the char ranges copied."""
-    from app.render import copied_ranges
-
     copied = copied_ranges(spans)
     out = []
     for i, p in enumerate(prepared.passages):
@@ -312,7 +288,7 @@ class Pipeline:
             order = range(len(passages))
             for i in reversed(order) if self.config.best_last else order:
                 p = passages[i]
-                header = f"[{i + 1}] (from {_source_label(p)})\n"
+                header = f"[{i + 1}] (from {source_label(p)})\n"
                 parts.append(header)
                 pos += len(header)
                 spans[i] = (pos, pos + len(p.text))
@@ -356,11 +332,6 @@ def _region(label: int, ids: list[int], offsets: list, start: int, end: int) -> 
         for a, b in offsets[first : last + 1]
     )
     return SourceRegion(first, last + 1, label, chars)
-
-
-def _source_label(p: Passage) -> str:
-    name = Path(p.source).name or p.source
-    return f"{name}, page {p.page}" if p.page else name
 
 
 def _check_question(question: str) -> str:

@@ -43,11 +43,16 @@ def _mark(inner: str, title: str) -> str:
             f'title="{escape_text(title)}">{inner}</mark>')
 
 
-def passage_label(index: int, passage) -> str:
-    """'[2] faq.md, page 3' for the passage at 0-based index."""
+def source_label(passage) -> str:
+    """'faq.md, page 3': the file name, and the page for PDFs."""
     name = Path(passage.source).name or passage.source
     page = f", page {passage.page}" if getattr(passage, "page", None) else ""
-    return f"[{index + 1}] {name}{page}"
+    return f"{name}{page}"
+
+
+def passage_label(index: int, passage) -> str:
+    """'[2] faq.md, page 3' for the passage at 0-based index."""
+    return f"[{index + 1}] {source_label(passage)}"
 
 
 def span_title(span, passages: Sequence = ()) -> str:
@@ -136,5 +141,5 @@ def identical_verdict(baseline_ids: Sequence[int], spec_ids: Sequence[int],
                    f"(a floating-point near-tie; see README, Exactness).")
 
 
-def speedup(baseline_seconds: float, spec_seconds: float) -> float:
+def seconds_speedup(baseline_seconds: float, spec_seconds: float) -> float:
     return baseline_seconds / spec_seconds if spec_seconds > 0 else 0.0

@@ -21,7 +21,8 @@ import streamlit as st
 
 from app import paths
 from app import render as rd
-from app.pipeline import NoDocumentsError, Pipeline, PipelineConfig, load_generator
+from app.loading import load_generator
+from app.pipeline import NoDocumentsError, Pipeline, PipelineConfig
 from decoding.types import DraftConfig, GenerationConfig, SamplingConfig
 
 # -- resources shared by every browser session of this process ---------------------------------
@@ -218,7 +219,7 @@ def show_stats(run: dict, baseline: dict | None) -> None:
            + f"| {s.tokens_per_s:.1f} | {s.seconds:.2f} | {s.forward_passes} | "
              f"{s.drafted_tokens} | {s.accepted_tokens} |")
     if baseline:
-        row += f" {rd.speedup(baseline['stats'].seconds, s.seconds):.2f}× |"
+        row += f" {rd.seconds_speedup(baseline['stats'].seconds, s.seconds):.2f}× |"
     st.markdown(row)
     if s.drafted_tokens:
         with st.expander("Speculation stats"):

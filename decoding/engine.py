@@ -136,6 +136,7 @@ class GenerationStream:
         self._decoder = IncrementalDecoder(gen.tokenizer)
         self._stop_cut: int | None = None  # where a stop string starts in the decoded text
         self._held = ""  # decoded text not yet streamed (a possible stop-string prefix)
+        self._stop_requested = False
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[Span]:
@@ -143,6 +144,11 @@ class GenerationStream:
 
     def __next__(self) -> Span:
         return next(self._iter)
+
+    def stop(self) -> None:
+        """Ask the generation to end at its next step, keeping what was written (stop_reason
+        "stopped"). Safe to call from another thread, e.g. a UI's Stop button."""
+        self._stop_requested = True
 
     @property
     def text(self) -> str:
@@ -189,6 +195,9 @@ class GenerationStream:
             stats.decode_seconds = engine_seconds - stats.prefill_seconds
             yield from spans
             if done:
+                return
+            if self._stop_requested:
+                stats.stop_reason = "stopped"
                 return
             clock = time.perf_counter()  # time spent by the consumer between spans does not count
 

@@ -100,7 +100,7 @@ class PassageStore:
 
         embedder: needed to search and to add documents; None is enough to list and remove.
             An `Embedder` or anything with its interface (name, dim, max_tokens,
-            special_tokens, count_tokens, embed_array), e.g. retrieval.testing.HashEmbedder.
+            special_tokens, count_tokens, embed_array), e.g. the tests' HashEmbedder.
         lock_timeout: seconds a writer waits for another writer before IndexLockedError.
         use_gpu: None = when faiss has GPU support and sees a GPU.
         """

@@ -261,3 +261,18 @@ def test_a_wrong_accept_rule_fails_the_distribution_check(tiny_tokenizer, monkey
     best = max(exact, key=exact.get)
     tv = sampled_tv(gen, prompt, cfg, list(best), exact, SAMPLES)
     assert tv > TV_BOUND, f"TV distance {tv:.3f} should expose the bug"
+
+
+def test_stop_ends_the_stream_at_the_next_step_and_keeps_what_was_written(tiny_model, tiny_tokenizer):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    prompt = [5, 6, 7, 8] * 5
+    full = gen.generate(prompt, GenerationConfig(max_new_tokens=40, draft=DraftConfig(enabled=False)))
+    stream = gen.stream(prompt, GenerationConfig(max_new_tokens=40, draft=DraftConfig(enabled=False)))
+    seen = []
+    for span in stream:
+        seen.extend(span.token_ids)
+        if len(seen) >= 3:
+            stream.stop()
+    assert stream.stats.stop_reason == "stopped"
+    assert len(stream.token_ids) == 3 < len(full.token_ids)
+    assert stream.token_ids == full.token_ids[:3] == seen

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fakes import HashEmbedder
 
+import app.commands.common as common
 import app.commands.index as index_commands
 from app.cli import main
-from retrieval.testing import HashEmbedder
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 
@@ -19,7 +20,7 @@ CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(index_commands, "_embedder", lambda name: HashEmbedder())
+    monkeypatch.setattr(common, "cached_embedder", lambda name: HashEmbedder())
     return tmp_path / "home"
 
 

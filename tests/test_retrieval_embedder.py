@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from fakes import HashEmbedder
 
 from retrieval.embeddings import BUNDLED_MODEL_ID, Embedder, bundled_model_dir
 from retrieval.ingest import ingest_paths
 from retrieval.store import PassageStore
-from retrieval.testing import HashEmbedder
 
 pytestmark = pytest.mark.slow
 
@@ -97,13 +97,13 @@ def test_question_set_is_well_formed():
 
 
 def test_cli_end_to_end_with_the_bundled_model(tmp_path, monkeypatch, embedder):
-    import app.commands.index as index_commands
+    import app.commands.common as common
     from app.cli import main
 
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path))
     monkeypatch.delenv("RAGSPEC_EMBEDDER", raising=False)
     # The command's own loader, fed the already-loaded model (loading it twice costs seconds).
-    monkeypatch.setattr(index_commands, "_embedder", lambda name: embedder if name is None else None)
+    monkeypatch.setattr(common, "cached_embedder", lambda name: embedder if name is None else None)
     runner = CliRunner()
     assert runner.invoke(main, ["ingest", str(CORPUS)]).exit_code == 0
     result = runner.invoke(main, ["search", "how many snapshots are kept", "--json", "-k", "1"])

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from fakes import HashEmbedder, blank_pdf_bytes, encrypted_pdf_bytes
 
 from retrieval.ingest import IngestEvent, default_max_file_bytes, ingest_paths
 from retrieval.store import PassageStore
-from retrieval.testing import HashEmbedder, blank_pdf_bytes, encrypted_pdf_bytes
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 PDF = CORPUS / "operations-guide.pdf"

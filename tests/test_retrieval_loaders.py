@@ -7,10 +7,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from fakes import blank_pdf_bytes, encrypted_pdf_bytes
 
 from retrieval.errors import LoadError
 from retrieval.loaders import SUPPORTED_SUFFIXES, load_file
-from retrieval.testing import blank_pdf_bytes, encrypted_pdf_bytes
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 PDF = CORPUS / "operations-guide.pdf"

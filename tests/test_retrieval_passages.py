@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fakes import HashEmbedder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.documents import Document
 
 from retrieval.loaders import load_file
 from retrieval.passages import SplitConfig, split_documents
-from retrieval.testing import HashEmbedder
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 

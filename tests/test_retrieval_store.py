@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import HashEmbedder
 
 import retrieval.ingest as ingest_module
 from retrieval import persist
@@ -25,7 +26,6 @@ from retrieval.errors import (
 )
 from retrieval.ingest import ingest_paths
 from retrieval.store import PassageStore
-from retrieval.testing import HashEmbedder
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "corpus"
@@ -401,7 +401,7 @@ _INGEST = textwrap.dedent(
     import sys
     from retrieval.ingest import ingest_paths
     from retrieval.store import PassageStore
-    from retrieval.testing import HashEmbedder
+    from fakes import HashEmbedder
     store = PassageStore.open(sys.argv[1], HashEmbedder())
     report = ingest_paths(sys.argv[2:], store)
     print(len(report.added))
@@ -417,7 +417,7 @@ def test_two_concurrent_ingest_processes_both_land(index, docs, embedder):
         for i in range(4):
             (folder / f"{name}{i}.txt").write_text(f"{name} document {i}. " * 50)
         batches.append(folder)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     procs = [
         subprocess.Popen([sys.executable, "-c", _INGEST, str(index), str(folder)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -8,34 +8,16 @@ from dataclasses import replace
 
 import click
 
-from app import paths
-from app.commands.generate import (
+from app.commands.common import (
     build_config,
     draft_options,
-    load_generator,
+    generator_from_options,
+    index_option,
     model_options,
-    render_spans_terminal,
+    open_store,
     sampling_options,
-    stats_line,
 )
-
-
-def open_store(index: str | None):
-    """The index with the default embedder; errors become one clear ClickException."""
-    from retrieval.embeddings import Embedder
-    from retrieval.errors import RetrievalError
-    from retrieval.store import PassageStore
-
-    try:
-        store = PassageStore.open(paths.index_dir(index), Embedder())
-    except RetrievalError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if store.passage_count() == 0:
-        raise click.ClickException(
-            f"no documents in the index at {store.index_dir}: add some with "
-            f"`ragspec ingest PATH...` first"
-        )
-    return store
+from app.terminal import printable, render_spans, stats_line
 
 
 @click.command()
@@ -46,8 +28,7 @@ def open_store(index: str | None):
               help="Longest answer, in tokens.")
 @click.option("--compare", is_flag=True,
               help="Also answer with speculation off first, and print both speeds.")
-@click.option("--index", default=None, metavar="DIR",
-              help="Index directory (default: $RAGSPEC_HOME/index).")
+@index_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @sampling_options
 @draft_options
@@ -70,11 +51,10 @@ def ask(question, k, max_new_tokens, compare, index, as_json, temperature, top_p
         raise click.UsageError("--compare already runs without speculation; drop --no-spec")
     config = build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
                           max_ngram, max_draft)
-    store = open_store(index)
-    loaded, gen = load_generator(model_spec, device, exact, max_draft, quiet=as_json)
+    store = open_store(index, require_documents=True)
+    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
 
-    from app.pipeline import Pipeline, PipelineConfig, passages_to_dicts
-    from app.render import identical_verdict, speedup
+    from app.pipeline import Pipeline, PipelineConfig
 
     pipeline = Pipeline(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens))
     try:
@@ -86,25 +66,39 @@ def ask(question, k, max_new_tokens, compare, index, as_json, temperature, top_p
         streams.append(("speculation on" if compare else "", pipeline.stream(prepared, config)))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-
     if as_json:
-        results = [s.result() for _, s in streams]
-        out = {
-            "answer": results[-1].to_dict(),
-            "passages": passages_to_dicts(prepared, results[-1].spans),
-            "baseline": results[0].to_dict() if compare else None,
-            "question": question,
-            "standalone_question": prepared.standalone_question,
-            "model": loaded.name,
-        }
-        if compare:
-            out["speedup"] = speedup(results[0].stats.seconds, results[1].stats.seconds)
-            out["identical"] = results[0].token_ids == results[1].token_ids
-        click.echo(json.dumps(out))
-        return
+        _print_json(question, prepared, streams, loaded.name)
+    else:
+        _print_text(prepared, streams, config.sampling.greedy)
 
+
+def _print_json(question, prepared, streams, model_name: str) -> None:
+    from app.pipeline import passages_to_dicts
+    from app.render import seconds_speedup
+
+    results = [s.result() for _, s in streams]
+    compare = len(results) > 1
+    out = {
+        "answer": results[-1].to_dict(),
+        "passages": passages_to_dicts(prepared, results[-1].spans),
+        "baseline": results[0].to_dict() if compare else None,
+        "question": question,
+        "standalone_question": prepared.standalone_question,
+        "model": model_name,
+    }
+    if compare:
+        out["speedup"] = seconds_speedup(results[0].stats.seconds, results[1].stats.seconds)
+        out["identical"] = results[0].token_ids == results[1].token_ids
+    click.echo(json.dumps(out))
+
+
+def _print_text(prepared, streams, greedy: bool) -> None:
+    """Stream each answer to the terminal, then the comparison and the passages used."""
     from rich.console import Console
     from rich.markup import escape
+
+    from app.pipeline import passages_to_dicts
+    from app.render import identical_verdict, passage_label, seconds_speedup
 
     console = Console(highlight=False, soft_wrap=True)
     results = []
@@ -112,26 +106,23 @@ def ask(question, k, max_new_tokens, compare, index, as_json, temperature, top_p
         if label:
             console.print(f"[bold]── {label} ──[/]")
         for span in stream:
-            render_spans_terminal([span], console)
+            render_spans([span], console)
         console.print()
-        result = stream.result()
-        results.append(result)
-        console.print(f"[dim]{stats_line(result.stats)}[/]")
-    if compare:
+        results.append(stream.result())
+        console.print(f"[dim]{stats_line(results[-1].stats)}[/]")
+    if len(results) > 1:
         base, spec = results
-        _, verdict = identical_verdict(base.token_ids, spec.token_ids,
-                                       config.sampling.greedy)
-        console.print(f"speedup {speedup(base.stats.seconds, spec.stats.seconds):.2f}× · "
+        _, verdict = identical_verdict(base.token_ids, spec.token_ids, greedy)
+        console.print(f"speedup {seconds_speedup(base.stats.seconds, spec.stats.seconds):.2f}× · "
                       f"{verdict}")
     console.print("[dim][black on green]highlighted[/] = accepted drafts copied from the "
                   "passages[/]")
     console.print("[bold]Passages[/]")
-    for p in passages_to_dicts(prepared, results[-1].spans):
-        where = f", page {p['page']}" if p["page"] else ""
+    for i, p in enumerate(passages_to_dicts(prepared, results[-1].spans)):
         copied = sum(e - s for s, e in p["copied"])
         score = f" score {p['score']:.2f}" if p["score"] is not None else ""
-        console.print(f" [{p['n']}] {escape(p['source'])}{where} (char {p['start']}){score}"
-                      f" · {copied} characters copied")
+        label = printable(passage_label(i, prepared.passages[i]))
+        console.print(f" {escape(label)} (char {p['start']}){score} · {copied} characters copied")
 
 
 COMMANDS = [ask]

@@ -36,17 +36,11 @@ class Setup:
 
 def load_generator(model: str | None) -> tuple[object, str, str]:
     """(Generator with this machine's measured forward cost, model name, device description)."""
-    import torch
+    from app.commands.common import generator_from_options
+    from app.loading import describe_device
 
-    from app.commands.generate import load_generator as cli_generator
-
-    lm, generator = cli_generator(model, quiet=True)
-    dtype = str(lm.dtype).replace("torch.", "")
-    if lm.device.type == "cuda":
-        device = f"cuda ({torch.cuda.get_device_name(lm.device)}, {dtype})"
-    else:
-        device = f"cpu ({torch.get_num_threads()} threads, {dtype})"
-    return generator, lm.name, device
+    lm, generator = generator_from_options(model, quiet=True)
+    return generator, lm.name, describe_device(lm)
 
 
 def prepare_prompts(generator, corpus: str, index: str | None, questions, max_new_tokens: int,

@@ -8,100 +8,16 @@ from pathlib import Path
 
 import click
 
-from app import paths
+from app.commands.common import (
+    build_config,
+    draft_options,
+    generator_from_options,
+    model_options,
+    sampling_options,
+)
+from app.terminal import render_spans, stats_line
 
 MAX_PROMPT_FILE_BYTES = 4 * 1024 * 1024
-
-
-def model_options(f):
-    """--model/--device/--exact, shared by the commands that load the generator."""
-    f = click.option("--exact", is_flag=True,
-                     help="Keep fp32 on a GPU so greedy output matches model.generate exactly "
-                          "(the CPU always runs fp32).")(f)
-    f = click.option("--device", default=None, metavar="DEV",
-                     help="torch device (default: cuda if available, else cpu).")(f)
-    f = click.option("--model", "model_spec", default=None, metavar="M",
-                     help="Hugging Face model folder or cached id (default: the bundled "
-                          "SmolLM2-135M-Instruct).")(f)
-    return f
-
-
-def draft_options(f):
-    f = click.option("--max-draft", default=16, show_default=True, type=click.IntRange(1, 64),
-                     help="Most draft tokens verified in one forward.")(f)
-    f = click.option("--max-ngram", default=4, show_default=True, type=click.IntRange(1, 16),
-                     help="Longest suffix looked up in the context.")(f)
-    f = click.option("--no-adaptive", is_flag=True,
-                     help="Always draft the whole match instead of choosing the length from "
-                          "acceptance and measured forward cost.")(f)
-    f = click.option("--no-spec", is_flag=True,
-                     help="Plain decoding (the same loop with no drafts): the baseline.")(f)
-    return f
-
-
-def sampling_options(f):
-    f = click.option("--seed", default=None, type=int, help="Random seed for sampling.")(f)
-    f = click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0),
-                     help="Keep the k most likely tokens (0 = off).")(f)
-    f = click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
-                     help="Nucleus sampling mass (1 = off).")(f)
-    f = click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0),
-                     help="0 = greedy (identical to the model alone); > 0 samples.")(f)
-    return f
-
-
-def load_generator(model_spec: str | None, device: str | None = None, exact: bool = False,
-                   max_draft: int = 16, quiet: bool = False):
-    """The pipeline's loader, with progress notes on stderr and errors as one clear line."""
-    from app.pipeline import load_generator as load
-    from decoding.calibrate import COSTS_FILE
-    from decoding.model import BUNDLED, ModelNotFound, is_converted
-
-    cache = paths.models_dir()
-    if not quiet and model_spec in (None, "", BUNDLED) and not is_converted(cache):
-        click.echo("Converting the bundled model once (about 30 s)...", err=True)
-    if not quiet and not (cache / COSTS_FILE).is_file():
-        click.echo("Measuring this machine's forward cost once (a few seconds)...", err=True)
-    try:
-        return load(model_spec, cache, max_draft, device=device, exact=exact)
-    except ModelNotFound as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
-                 max_ngram, max_draft, stop=()):
-    from decoding.types import DraftConfig, GenerationConfig, SamplingConfig
-
-    try:
-        return GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            stop_strings=tuple(stop),
-            sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-            draft=DraftConfig(enabled=not no_spec, max_ngram=max_ngram,
-                              min_ngram=min(1, max_ngram), max_draft=max_draft,
-                              adaptive=not no_adaptive),
-        )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
-
-
-def render_spans_terminal(spans, console) -> None:
-    """Print spans with accepted drafts highlighted (reverse-video green)."""
-    from rich.text import Text
-
-    text = Text()
-    for span in spans:
-        text.append(span.text, style="black on green" if span.drafted else "")
-    console.print(text, end="")
-
-
-def stats_line(stats) -> str:
-    return (
-        f"{stats.new_tokens} tokens in {stats.seconds:.2f} s ({stats.tokens_per_s:.1f} tok/s, "
-        f"first token {stats.ttft_seconds:.2f} s) · {stats.forward_passes} forwards · drafted "
-        f"{stats.drafted_tokens}, accepted {stats.accepted_tokens} "
-        f"({100 * stats.accept_rate:.0f}%)"
-    )
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
@@ -150,7 +66,7 @@ def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperatur
     text = read_prompt(prompt, prompt_file)
     config = build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
                           max_ngram, max_draft, stop)
-    loaded, gen = load_generator(model_spec, device, exact, max_draft, quiet=as_json)
+    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
 
     from decoding.model import chat_prompt_ids
 
@@ -175,7 +91,7 @@ def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperatur
 
     console = Console(highlight=False, soft_wrap=True)
     for span in stream:
-        render_spans_terminal([span], console)
+        render_spans([span], console)
     console.print()
     err = Console(stderr=True, highlight=False)
     err.print(f"[dim]{stats_line(stream.stats)} · [black on green]highlighted[/] = accepted drafts[/]")

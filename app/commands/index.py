@@ -7,47 +7,15 @@ status: 0 on success, 1 when some input failed (each failure is named), 2 on bad
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import sys
 import textwrap
 from dataclasses import asdict
 
 import click
 
-from app import paths
-
-# Only the (dependency-free) error classes at import time: LangChain, FAISS and torch load when a
-# command runs, so `ragspec --help` stays fast.
+from app.commands.common import index_option, json_option, open_store
 from retrieval.errors import RetrievalError, UnknownDocumentError
-
-EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = retrieval.embeddings.ENV_VAR, without importing it
-
-index_option = click.option(
-    "--index", "index", metavar="DIR", default=None,
-    type=click.Path(file_okay=False, dir_okay=True),
-    help="Index directory (default: $RAGSPEC_HOME/index).",
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout.")
-
-
-@functools.lru_cache(maxsize=2)
-def _embedder(name: str | None):
-    # Cached so that several commands in one process (tests, the UI) load the model once.
-    from retrieval.embeddings import Embedder
-
-    return Embedder(name)
-
-
-def _open_store(index: str | None, with_embedder: bool):
-    from retrieval.store import PassageStore
-
-    embedder = _embedder(os.environ.get(EMBEDDER_ENV) or None) if with_embedder else None
-    try:
-        return PassageStore.open(paths.index_dir(index), embedder)
-    except RetrievalError as exc:
-        raise click.ClickException(str(exc)) from exc
 
 
 class _ProgressBar:
@@ -101,7 +69,7 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, as_json:
     """
     from retrieval.ingest import SUPPORTED_SUFFIXES, ingest_paths
 
-    store = _open_store(index, with_embedder=True)
+    store = open_store(index)
     bar = _ProgressBar()
     try:
         report = ingest_paths(list(paths_), store, recursive=recursive, progress=bar)
@@ -140,7 +108,7 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, as_json:
 @json_option
 def list_cmd(index: str | None, as_json: bool) -> None:
     """List the documents in the index with passage counts, sizes and ingestion times."""
-    store = _open_store(index, with_embedder=False)
+    store = open_store(index, with_embedder=False)
     documents = store.documents()
     if as_json:
         click.echo(json.dumps([asdict(d) for d in documents], ensure_ascii=False, indent=2))
@@ -169,7 +137,7 @@ def _size(n: int) -> str:
 @json_option
 def remove(docs: tuple[str, ...], index: str | None, as_json: bool) -> None:
     """Remove documents (by id, as shown by `ragspec list`, or by path) and their passages."""
-    store = _open_store(index, with_embedder=False)
+    store = open_store(index, with_embedder=False)
     removed, failed = [], []
     try:
         with store.writing():
@@ -202,7 +170,7 @@ def remove(docs: tuple[str, ...], index: str | None, as_json: bool) -> None:
 @json_option
 def search(query: tuple[str, ...], k: int, index: str | None, as_json: bool) -> None:
     """Show the passages most similar to QUERY, with score, source, page and offset."""
-    store = _open_store(index, with_embedder=True)
+    store = open_store(index)
     try:
         hits = store.search(" ".join(query), k=k)
     except (RetrievalError, RuntimeError) as exc:

@@ -1,0 +1,129 @@
+"""What several commands share: click options, the model loader with progress notes, the
+store opener, and the generation config built from options. Errors become one clear line
+(click.ClickException, exit status 1; click.UsageError, exit status 2)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import click
+
+from app import paths
+
+# Only the (dependency-free) error classes at import time: LangChain, FAISS and torch load when a
+# command runs, so `ragspec --help` stays fast.
+from retrieval.errors import RetrievalError
+
+EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = retrieval.embeddings.ENV_VAR, without importing it
+
+index_option = click.option(
+    "--index", "index", metavar="DIR", default=None,
+    type=click.Path(file_okay=False, dir_okay=True),
+    help="Index directory (default: $RAGSPEC_HOME/index).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout.")
+
+
+def model_options(f):
+    """--model/--device/--exact, shared by the commands that load the generator."""
+    f = click.option("--exact", is_flag=True,
+                     help="Keep fp32 on a GPU so greedy output matches model.generate exactly "
+                          "(the CPU always runs fp32).")(f)
+    f = click.option("--device", default=None, metavar="DEV",
+                     help="torch device (default: cuda if available, else cpu).")(f)
+    f = click.option("--model", "model_spec", default=None, metavar="M",
+                     help="Hugging Face model folder or cached id (default: the bundled "
+                          "SmolLM2-135M-Instruct).")(f)
+    return f
+
+
+def draft_options(f):
+    f = click.option("--max-draft", default=16, show_default=True, type=click.IntRange(1, 64),
+                     help="Most draft tokens verified in one forward.")(f)
+    f = click.option("--max-ngram", default=4, show_default=True, type=click.IntRange(1, 16),
+                     help="Longest suffix looked up in the context.")(f)
+    f = click.option("--no-adaptive", is_flag=True,
+                     help="Always draft the whole match instead of choosing the length from "
+                          "acceptance and measured forward cost.")(f)
+    f = click.option("--no-spec", is_flag=True,
+                     help="Plain decoding (the same loop with no drafts): the baseline.")(f)
+    return f
+
+
+def sampling_options(f):
+    f = click.option("--seed", default=None, type=int, help="Random seed for sampling.")(f)
+    f = click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0),
+                     help="Keep the k most likely tokens (0 = off).")(f)
+    f = click.option("--top-p", default=1.0, show_default=True,
+                     type=click.FloatRange(0, 1, min_open=True),
+                     help="Nucleus sampling mass (1 = off).")(f)
+    f = click.option("--temperature", default=0.0, show_default=True,
+                     type=click.FloatRange(min=0),
+                     help="0 = greedy (identical to the model alone); > 0 samples.")(f)
+    return f
+
+
+def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
+                 max_ngram, max_draft, stop=()):
+    from decoding.types import DraftConfig, GenerationConfig, SamplingConfig
+
+    try:
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            stop_strings=tuple(stop),
+            sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+            draft=DraftConfig(enabled=not no_spec, max_ngram=max_ngram, min_ngram=1,
+                              max_draft=max_draft, adaptive=not no_adaptive),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def generator_from_options(model_spec: str | None, device: str | None = None, exact: bool = False,
+                   max_draft: int = 16, quiet: bool = False):
+    """app.loading.load_generator with progress notes on stderr and errors as one clear line."""
+    from app.loading import load_generator as load
+    from decoding.calibrate import COSTS_FILE
+    from decoding.model import BUNDLED, ModelNotFound, is_converted
+
+    cache = paths.models_dir()
+    if not quiet and model_spec in (None, "", BUNDLED) and not is_converted(cache):
+        click.echo("Converting the bundled model once (about 30 s)...", err=True)
+    if not quiet and not (cache / COSTS_FILE).is_file():
+        click.echo("Measuring this machine's forward cost once (a few seconds)...", err=True)
+    try:
+        return load(model_spec, cache, max_draft, device=device, exact=exact)
+    except ModelNotFound as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@functools.lru_cache(maxsize=2)
+def cached_embedder(name: str | None):
+    """The embedder named by RAGSPEC_EMBEDDER (None: the bundled one), loaded once per process
+    (tests and the UI run several commands in one process)."""
+    from retrieval.embeddings import Embedder
+
+    return Embedder(name)
+
+
+def open_store(index: str | None, *, with_embedder: bool = True,
+               require_documents: bool = False):
+    """The index at --index (or $RAGSPEC_HOME/index); problems become one clear line.
+
+    with_embedder: False is enough to list and remove (no model is loaded).
+    require_documents: refuse an empty index (commands that answer from it).
+    """
+    from retrieval.store import PassageStore
+
+    embedder = cached_embedder(os.environ.get(EMBEDDER_ENV) or None) if with_embedder else None
+    try:
+        store = PassageStore.open(paths.index_dir(index), embedder)
+    except RetrievalError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if require_documents and store.passage_count() == 0:
+        raise click.ClickException(
+            f"no documents in the index at {store.index_dir}: add some with "
+            f"`ragspec ingest PATH...` first"
+        )
+    return store

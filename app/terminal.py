@@ -1,0 +1,47 @@
+"""Text for a terminal: answers with accepted drafts highlighted, one-line stats, and
+`printable`, which every human-readable output passes user-controlled strings through.
+
+File names and document text may hold control characters: a newline in a name would fake a
+row of `ragspec list`, an ESC sequence in a passage would recolour or clear the user's terminal.
+`printable` shows them escaped (`\\n`, `\\x1b`); `--json` output keeps the exact text.
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls, DEL and C1 controls; tab and (optionally) newline are kept as layout.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_AND_NEWLINE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match) -> str:
+    char = match.group()
+    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """text with control characters escaped, safe to print; newlines kept when asked (passage
+    bodies), escaped otherwise (names and one-line fields)."""
+    return (_CONTROL if keep_newlines else _CONTROL_AND_NEWLINE).sub(_escape, text)
+
+
+def render_spans(spans, console) -> None:
+    """Print spans with accepted drafts highlighted (black on green)."""
+    from rich.text import Text
+
+    text = Text()
+    for span in spans:
+        text.append(printable(span.text, keep_newlines=True),
+                    style="black on green" if span.drafted else "")
+    console.print(text, end="")
+
+
+def stats_line(stats) -> str:
+    return (
+        f"{stats.new_tokens} tokens in {stats.seconds:.2f} s ({stats.tokens_per_s:.1f} tok/s, "
+        f"first token {stats.ttft_seconds:.2f} s) · {stats.forward_passes} forwards · drafted "
+        f"{stats.drafted_tokens}, accepted {stats.accepted_tokens} "
+        f"({100 * stats.accept_rate:.0f}%)"
+    )
