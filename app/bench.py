@@ -1,30 +1,31 @@
 """The benchmark behind `ragspec bench`: ragspec against greedy, transformers and an oracle.
 
-Contract: given prepared prompts (token ids, built by the real pipeline) and one Generator, run
-every method on every question, interleaved question by question in one process, after a
-warm-up, each timed with the same clock (time.perf_counter) around the whole generation; then
-aggregate into the results.json object of issue 5. Knows nothing of click or of retrieval.
+Contract: given prepared prompts (token ids, built by the real pipeline: `prepare_prompts`) and
+one Generator, run every method on every question, interleaved question by question in one
+process, after a warm-up, each timed with the same clock (time.perf_counter) around the whole
+generation; `app.bench_summary` aggregates the entries. Knows nothing of click.
 
 Methods (all greedy, all capped at max_new_tokens):
     greedy     ragspec's engine with speculation off: the baseline of the engine methods;
     ragspec    the engine with its default speculation (adaptive n-gram drafts);
-    hf_greedy  transformers' model.generate(do_sample=False);
+    hf_greedy  transformers' model.generate(do_sample=False), with transformers' own attention
+               (sdpa) and cache, as a transformers user runs it: the same weights, switched to
+               stock attention for these runs only;
     hf_pld     the same with prompt_lookup_num_tokens=10: the baseline users would otherwise pick;
     oracle     the engine drafting the true greedy continuation (greedy's output), max_draft at a
                time: the ceiling for any drafter on this machine.
 
-speedup = a method's tokens_per_s over greedy's on the same question, except hf_pld's, which is
-over hf_greedy's (each tool against its own baseline); decode_speedup likewise with
-decode_tokens_per_s. identical_to_greedy compares token ids with greedy's output; for greedy
-itself it compares with hf_greedy's, i.e. it checks the engine against transformers.
+identical_to_greedy compares token ids with greedy's output; for greedy itself it compares with
+hf_greedy's, i.e. it checks the engine against transformers.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,7 +108,7 @@ class MethodRun:
     def new_tokens(self) -> int:
         return len(self.token_ids)
 
-    def to_dict(self, reference: Sequence[int] | None) -> dict:
+    def to_dict(self, identical: bool) -> dict:
         n, after_first = self.new_tokens, self.seconds - self.ttft_seconds
         return {
             "new_tokens": n,
@@ -118,7 +119,7 @@ class MethodRun:
             "forward_passes": self.forward_passes,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
-            "identical_to_greedy": reference is not None and list(reference) == self.token_ids,
+            "identical_to_greedy": identical,
             "accepted_lengths": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
         }
 
@@ -142,6 +143,23 @@ def _first_token_timer(start: float):
             pass
 
     return FirstTokenTimer()
+
+
+STOCK_ATTENTION = "sdpa"
+
+
+@contextmanager
+def stock_attention(model) -> Iterator[None]:
+    """transformers' own attention for the duration of the block (the weights stay where they
+    are), then the model's own choice again."""
+    own = model.config._attn_implementation
+    if own != STOCK_ATTENTION:
+        model.set_attn_implementation(STOCK_ATTENTION)
+    try:
+        yield
+    finally:
+        if own != STOCK_ATTENTION:
+            model.set_attn_implementation(own)
 
 
 class Runner:
@@ -191,14 +209,15 @@ class Runner:
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=gen.device)
         eos = sorted(gen.eos_token_ids)
         pad = getattr(gen.tokenizer, "pad_token_id", None)
-        start = time.perf_counter()
-        timer = _first_token_timer(start)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=max_new_tokens, eos_token_id=eos or None,
-                             pad_token_id=pad if pad is not None else (eos[0] if eos else None),
-                             streamer=timer, **extra)
-        tokens = out[0, ids.shape[1]:].tolist()
-        seconds = time.perf_counter() - start
+        with stock_attention(model):
+            start = time.perf_counter()
+            timer = _first_token_timer(start)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, eos_token_id=eos or None,
+                                 pad_token_id=pad if pad is not None else (eos[0] if eos else None),
+                                 streamer=timer, **extra)
+            tokens = out[0, ids.shape[1]:].tolist()
+            seconds = time.perf_counter() - start
         drafted = 0 if not extra else None  # hf_greedy drafts nothing; hf_pld does not say
         return MethodRun(tokens, seconds, timer.ttft if timer.ttft is not None else seconds,
                          forward_passes=None, drafted_tokens=drafted, accepted_tokens=drafted)
@@ -256,8 +275,7 @@ def bench_question(runner: Runner, index: int, item: Prepared, max_new_tokens: i
     for m in METHODS:
         reference = runs["hf_greedy"][0].token_ids if m == "greedy" else greedy_ids
         best = min(runs[m], key=lambda r: r.seconds)
-        results[m] = best.to_dict(reference)
-        results[m]["identical_to_greedy"] = all(r.token_ids == list(reference) for r in runs[m])
+        results[m] = best.to_dict(all(r.token_ids == list(reference) for r in runs[m]))
         results[m]["runs_seconds"] = [r.seconds for r in runs[m]]
     q = item.question
     return {"id": q.id, "kind": q.kind, "prompt_tokens": len(item.prompt_ids), "results": results}
@@ -274,118 +292,59 @@ def run_bench(runner: Runner, prepared: Sequence[Prepared], max_new_tokens: int,
             for i, item in enumerate(prepared)]
 
 
-# -- aggregation -------------------------------------------------------------------------------
-
-def entry_speedup(entry: dict, method: str, metric: str = "tokens_per_s") -> float | None:
-    base = entry["results"][BASELINE[method]][metric]
-    mine = entry["results"][method][metric]
-    return mine / base if base else None
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
+# -- prompts, as the product builds them ------------------------------------------------------
+
+@dataclass
+class Setup:
+    """What a benchmark run needs: the generator and each question's prompt (tests inject it)."""
+
+    model_name: str
+    device: str
+    generator: object  # decoding.engine.Generator
+    prepared: list[Prepared] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
 
 
-def _method_summary(entries: list[dict], method: str) -> dict:
-    runs = [e["results"][method] for e in entries]
-    speedups = [s for s in (entry_speedup(e, method) for e in entries) if s is not None]
-    decode = [s for s in (entry_speedup(e, method, "decode_tokens_per_s") for e in entries)
-              if s is not None]
-    drafted = [r["drafted_tokens"] for r in runs]
-    accept_rate = None
-    if runs and None not in drafted and sum(drafted) > 0:
-        accept_rate = sum(r["accepted_tokens"] for r in runs) / sum(drafted)
-    histogram: dict[int, int] = {}
-    for r in runs:
-        for length, count in r.get("accepted_lengths", {}).items():
-            histogram[int(length)] = histogram.get(int(length), 0) + count
-    steps = sum(histogram.values())
-    return {
-        "median_speedup": _median(speedups),
-        "min_speedup": min(speedups) if speedups else None,
-        "median_decode_speedup": _median(decode),
-        "median_tokens_per_s": _median([r["tokens_per_s"] for r in runs]),
-        "accept_rate": accept_rate,
-        "mean_accepted_length": sum(a * n for a, n in histogram.items()) / steps if steps else None,
-        "all_identical": all(r["identical_to_greedy"] for r in runs) if runs else None,
-    }
+def build_setup(model: str | None, corpus: str, index: str | None,
+                questions: Sequence[Question], max_new_tokens: int,
+                log: Callable[[str], None] = lambda message: None) -> Setup:
+    """Load the model, ingest `corpus` (into a temporary index, or into `index`, where unchanged
+    files are skipped) and build every question's prompt with the real pipeline.
+
+    Raises decoding.model.ModelNotFound and retrieval's RetrievalError; a corpus file or a
+    question that fails is listed in Setup.failures and the rest go on."""
+    from app.loading import describe_device, load_generator, open_store
+    from retrieval.ingest import ingest_paths
+
+    loaded, generator = load_generator(model)
+    with tempfile.TemporaryDirectory(prefix="ragspec-bench-") as scratch:
+        store = open_store(index or scratch)
+        log(f"Ingesting {corpus} ...")
+        report = ingest_paths([corpus], store)
+        failures = [f"corpus file {path}: {why}" for path, why in report.failed]
+        if store.passage_count() == 0:
+            raise BenchInputError(f"no passages could be made from {corpus}: nothing to "
+                                  "retrieve (give a folder of .md/.txt/.pdf/.html/.docx)")
+        prepared = prepare_prompts(generator, store, questions, max_new_tokens, failures)
+    return Setup(loaded.name, describe_device(loaded), generator, prepared, failures)
 
 
-def summarize(entries: list[dict], methods: Sequence[str] = METHODS) -> dict:
-    """{KIND: {METHOD: stats}} for "copy", "open" and "all" (stats are null for an empty kind)."""
-    summary = {}
-    for kind in (*KINDS, "all"):
-        chosen = [e for e in entries if kind == "all" or e["kind"] == kind]
-        summary[kind] = {m: _method_summary(chosen, m) for m in methods}
-    return summary
+def prepare_prompts(generator, store, questions: Sequence[Question], max_new_tokens: int,
+                    failures: list[str], k: int = 4) -> list[Prepared]:
+    """Each question's prompt as `ragspec ask` builds it (k passages, room for the answer);
+    a question whose prompt cannot be built is appended to `failures`."""
+    from app.pipeline import NoDocumentsError, Pipeline, PipelineConfig
+    from retrieval.errors import RetrievalError
 
-
-def build_results(model: str, device: str, max_new_tokens: int, entries: list[dict],
-                  repeats: int = 1) -> dict:
-    return {"model": model, "device": device, "max_new_tokens": max_new_tokens,
-            "repeats": repeats, "methods": list(METHODS), "questions": entries,
-            "summary": summarize(entries)}
-
-
-# -- reporting ---------------------------------------------------------------------------------
-
-def _fmt(value, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
-
-
-def format_table(results: dict) -> str:
-    """The summary as a fixed-width text table (Markdown-compatible)."""
-    counts = {k: sum(1 for e in results["questions"] if k == "all" or e["kind"] == k)
-              for k in (*KINDS, "all")}
-    header = ("| kind | method | median speedup | min speedup | median decode speedup "
-              "| median tok/s | accept rate | mean accepted | identical |")
-    lines = [header, "|" + "---|" * 9]
-    for kind, methods in results["summary"].items():
-        if not counts[kind]:
+    pipe = Pipeline(store, generator, PipelineConfig(k=k, max_new_tokens=max_new_tokens))
+    prepared = []
+    for q in questions:
+        try:
+            p = pipe.prepare(q.question)
+        except (RetrievalError, NoDocumentsError, ValueError) as exc:
+            failures.append(f"question {q.id}: {exc}")
             continue
-        for method, s in methods.items():
-            ident = {True: "yes", False: "NO", None: "-"}[s["all_identical"]]
-            lines.append(
-                f"| {kind} (n={counts[kind]}) | {method} | {_fmt(s['median_speedup'], '.2f', '×')} "
-                f"| {_fmt(s['min_speedup'], '.2f', '×')} "
-                f"| {_fmt(s['median_decode_speedup'], '.2f', '×')} "
-                f"| {_fmt(s['median_tokens_per_s'], '.1f')} | {_fmt(s['accept_rate'], '.0%')} "
-                f"| {_fmt(s['mean_accepted_length'], '.2f')} | {ident} |")
-    return "\n".join(lines)
-
-
-def check_targets(results: dict) -> list[tuple[str, bool | None, str]]:
-    """Issue 5's targets for ragspec: (target, met? (None: no data), the numbers)."""
-    s = results["summary"]
-    copy, every = s["copy"], s["all"]
-    rs, pld, oracle = (copy[m]["median_speedup"] for m in ("ragspec", "hf_pld", "oracle"))
-    worst = every["ragspec"]["min_speedup"]
-
-    def ok(value, bound):
-        return None if value is None or bound is None else value >= bound
-
-    identical = {m: every[m]["all_identical"] for m in ("greedy", "ragspec", "hf_greedy")}
-    return [
-        ("copy: ragspec median speedup >= 2.0x", ok(rs, 2.0), f"{_fmt(rs, '.2f')}x"),
-        ("copy: ragspec >= 1.5x hf_pld's speedup", ok(rs, None if pld is None else 1.5 * pld),
-         f"{_fmt(rs, '.2f')}x vs 1.5 x {_fmt(pld, '.2f')}x"),
-        ("copy: ragspec >= 80% of the oracle", ok(rs, None if oracle is None else 0.8 * oracle),
-         f"{_fmt(rs, '.2f')}x vs 0.8 x {_fmt(oracle, '.2f')}x"),
-        ("every question: ragspec speedup >= 0.97x", ok(worst, 0.97), f"min {_fmt(worst, '.2f')}x"),
-        ("greedy identity (greedy, ragspec, hf_greedy)",
-         None if None in identical.values() else all(identical.values()),
-         ", ".join(f"{m}={v}" for m, v in identical.items())),
-    ]
-
-
-def format_targets(results: dict) -> str:
-    mark = {True: "met", False: "MISSED", None: "n/a"}
-    return "\n".join(f"[{mark[ok]:>6}] {name}: {detail}"
-                     for name, ok, detail in check_targets(results))
-
-
-def plot(results: dict, path) -> Path:
-    """PNG: speedup per question per method, accepted-length histogram (app.bench_plot)."""
-    from app.bench_plot import plot as _plot
-
-    return _plot(results, path)
+        prepared.append(Prepared(q, list(p.prompt_ids), tuple(p.sources)))
+    return prepared

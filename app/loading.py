@@ -1,15 +1,20 @@
-"""Loading the generator: a model spec in, (LoadedModel, Generator) out.
+"""Opening what the app works with: the generator and the passage store.
 
-The one place that turns `--model` (None for the bundled SmolLM2, a folder, a cached hub id) into
-a loaded model and a Generator that knows this machine's forward-cost curve (measured once per
-model, device and dtype, and cached next to the converted models). The CLI, the chat page and
-the benchmark all load through here.
+`load_generator` is the one place that turns `--model` (None for the bundled SmolLM2, a folder, a
+cached hub id) into a loaded model and a Generator that knows this machine's forward-cost curve
+(measured once per model, device and dtype, and cached next to the converted models).
+`open_store` is the one place that opens the index with the embedder RAGSPEC_EMBEDDER names
+(default: the bundled all-MiniLM-L6-v2), loaded once per process. The CLI, the chat page and the
+benchmark all open through here.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
+
+EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = retrieval.embeddings.ENV_VAR, without importing it
 
 
 def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
@@ -40,3 +45,22 @@ def describe_device(loaded) -> str:
     if loaded.device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(loaded.device)}, {dtype})"
     return f"{loaded.device.type} ({torch.get_num_threads()} threads, {dtype})"
+
+
+@functools.lru_cache(maxsize=2)
+def cached_embedder(name: str | None):
+    """The embedder `name` (None: RAGSPEC_EMBEDDER or the bundled one), loaded once per process
+    (the chat serves many sessions, tests run many commands)."""
+    from retrieval.embeddings import Embedder
+
+    return Embedder(name)
+
+
+def open_store(index: str | os.PathLike | None = None, *, with_embedder: bool = True):
+    """The PassageStore at `index` (default $RAGSPEC_HOME/index); with_embedder=False is enough
+    to list and remove documents (no model is loaded). Raises retrieval's RetrievalError."""
+    from app import paths
+    from retrieval.store import PassageStore
+
+    embedder = cached_embedder(os.environ.get(EMBEDDER_ENV) or None) if with_embedder else None
+    return PassageStore.open(paths.index_dir(index), embedder)

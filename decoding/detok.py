@@ -1,9 +1,18 @@
-"""Incremental detokenisation: text deltas for a growing list of output token ids.
+"""Incremental detokenisation: final text deltas for a growing list of output token ids.
 
-Decoding a byte-level BPE token by token can cut a multi-byte character in half (the decoder
-then shows U+FFFD). We decode the whole output each time and hold back any tail that ends in an
-incomplete character, so every emitted delta is final text. Outputs here are hundreds of tokens;
-re-decoding them costs microseconds per step.
+Contract: `text == "".join(every delta returned by push() and finish())`, always; a delta, once
+returned, is never revised. After finish(), for tokenizers whose decode is a plain concatenation
+(byte-level BPE, byte fallback), `text == tokenizer.decode(ids, skip_special_tokens=True)`. A
+decoder that rewrites earlier text when more follows (clean-up rules turning "a ." into "a.")
+cannot take back what was streamed: the new text is emitted from where the rewrite starts, so
+no token's text is ever lost, and only such cosmetic rewrites can differ from a whole decode.
+
+Two things make token-by-token decoding wrong: a multi-byte character split across tokens (its
+first bytes decode to U+FFFD), and decoders whose output for a token depends on its neighbours
+(SentencePiece drops the leading space of the first token; clean-up rules join punctuation). So
+each push decodes a small window — the tokens of the previous delta as context, then the new ones —
+and emits what the new tokens add to the context's text, holding everything back while the window
+ends in an incomplete character. Each call decodes a few tokens, whatever the output's length.
 """
 
 from __future__ import annotations
@@ -16,18 +25,41 @@ class IncrementalDecoder:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.text = ""  # everything emitted so far
+        self._context = 0  # ids[_context:_emitted] decode to the context of the next window
+        self._emitted = 0  # ids before this index have had their text emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def push(self, ids: list[int]) -> str:
         """Add token ids; return the newly completed text (possibly empty)."""
         self.ids.extend(ids)
-        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if full.endswith(_INCOMPLETE):
+        return self._advance(final=False)
+
+    def finish(self) -> str:
+        """The text still held back (an incomplete character at the very end), as it decodes."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        if self._emitted == len(self.ids):
             return ""
-        if full.startswith(self.text):
-            delta = full[len(self.text) :]
-        else:
-            # A tokenizer whose decode of a longer sequence rewrites earlier text (rare clean-up
-            # rules): emit only what extends past the old length; the full text stays right.
-            delta = full[len(self.text) :] if len(full) > len(self.text) else ""
-        self.text = full
+        context = self._decode(self.ids[self._context : self._emitted])
+        window = self._decode(self.ids[self._context :])
+        if window.endswith(_INCOMPLETE) and not final:
+            return ""  # a character is still incomplete: wait for more tokens
+        return self._emit(window[_common_prefix(context, window) :])
+
+    def _emit(self, delta: str) -> str:
+        if not delta:
+            return ""  # nothing new yet (e.g. a special token): keep the window
+        self._context, self._emitted = self._emitted, len(self.ids)
+        self.text += delta
         return delta
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -19,21 +19,24 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from decoding.cache import crop_cache, new_cache
-from decoding.detok import IncrementalDecoder
 from decoding.ngram import Match, NgramIndex
 from decoding.policy import DraftPolicy, ForwardCost
+from decoding.provenance import locate_origin
 from decoding.sampling import accept_greedy, accept_sampled, next_token
+from decoding.text import SpanText
 from decoding.types import (
     GenerationConfig,
     GenerationResult,
     GenerationStats,
+    SamplingConfig,
     SourceRegion,
     Span,
-    SpanOrigin,
 )
 
 
@@ -103,21 +106,25 @@ class Generator:
         """Forget what was learned since policy_state() returned `state`."""
         self._policies = copy.deepcopy(state)
 
-    @torch.inference_mode()
-    def _forward(self, ids: list[int], cache, logits_to_keep: int = 0) -> torch.Tensor:
-        """ids: n new tokens -> logits (n or logits_to_keep, vocab) in fp32 on the CPU side."""
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
-        return out.logits[0].float()
+@dataclass
+class Step:
+    """What one forward produced: `accepted` draft tokens copied from `origin`, then the model's
+    own token. `drafted` is the draft length that was verified (0: a plain step; None: the
+    prefill, which is not a decode forward)."""
 
-    def _propose(self, index: NgramIndex, out_len: int, config: GenerationConfig,
-                 forced: Sequence[int] | None) -> Match | None:
-        if not config.draft.enabled:
-            return None
-        if forced is not None:
-            tokens = list(forced[out_len : out_len + config.draft.max_draft])
-            return Match(n=0, extended=0, origin=len(index), tokens=tokens) if tokens else None
-        return index.propose(config.draft.max_draft)
+    tokens: list[int]
+    accepted: int = 0
+    drafted: int | None = None
+    origin: int | None = None
+
+
+@torch.inference_mode()
+def forward(model, ids: list[int], cache, logits_to_keep: int = 0) -> torch.Tensor:
+    """ids: n new tokens -> logits (n, or logits_to_keep, vocab) in fp32 on the model's device;
+    the cache grows by n positions."""
+    x = torch.tensor([ids], dtype=torch.long, device=model.device)
+    out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+    return out.logits[0].float()
 
 
 class GenerationStream:
@@ -128,14 +135,19 @@ class GenerationStream:
         self.gen = gen
         self.prompt_ids = prompt
         self.config = config
-        self.sources = sources
         self.forced = forced
         self.token_ids: list[int] = []
         self.spans: list[Span] = []
         self.stats = GenerationStats(prompt_tokens=len(prompt))
-        self._decoder = IncrementalDecoder(gen.tokenizer)
-        self._stop_cut: int | None = None  # where a stop string starts in the decoded text
-        self._held = ""  # decoded text not yet streamed (a possible stop-string prefix)
+        self._text = SpanText(gen.tokenizer, config.stop_strings,
+                              locate=partial(locate_origin, prompt_length=len(prompt),
+                                             sources=sources))
+        self._rng = _sampling_rng(config.sampling, gen.device)
+        self._policy = (gen.policy_for(config)
+                        if config.draft.enabled and forced is None else None)
+        self._index = NgramIndex(prompt, min_n=config.draft.min_ngram,
+                                 max_n=config.draft.max_ngram)
+        self._cache = None
         self._stop_requested = False
         self._iter = self._run()
 
@@ -152,8 +164,7 @@ class GenerationStream:
 
     @property
     def text(self) -> str:
-        return self._decoder.text if self._stop_cut is None else self._decoder.text[: self._stop_cut]
-
+        return self._text.text
 
     def result(self) -> GenerationResult:
         for _ in self:
@@ -166,163 +177,113 @@ class GenerationStream:
             stats=self.stats,
         )
 
-    # -- internals ----------------------------------------------------------------------------
+    # -- the loop -------------------------------------------------------------------------------
 
     def _run(self) -> Iterator[Span]:
-        gen, cfg, stats = self.gen, self.config, self.stats
-        sampling = cfg.sampling
-        rng = None
-        if not sampling.greedy:
-            rng = torch.Generator(device="cpu")
-            rng.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns()))
-        policy = gen.policy_for(cfg) if cfg.draft.enabled and self.forced is None else None
-
+        stats = self.stats
         clock = time.perf_counter()
-        cache = new_cache(gen.model)
-        logits = gen._forward(self.prompt_ids, cache, logits_to_keep=1)  # (1, vocab)
-        first = next_token(logits[-1], sampling, rng)
-        index = NgramIndex(self.prompt_ids, min_n=cfg.draft.min_ngram, max_n=cfg.draft.max_ngram)
+        step = self._prefill()
         stats.prefill_seconds = stats.ttft_seconds = time.perf_counter() - clock
-        clock = time.perf_counter()
-
-        # tokens of the last step: drafted ones first (copied from `origin`), then the model's
-        step_tokens, n_drafted, origin = [first], 0, None
-        engine_seconds = stats.prefill_seconds
+        busy = stats.prefill_seconds  # engine time; what the consumer does between spans is not
         while True:
-            # -- emit what the last step produced; stop on EOS, stop strings or the limit
-            spans, done = self._commit(step_tokens, n_drafted, origin, index)
-            engine_seconds += time.perf_counter() - clock
-            stats.decode_seconds = engine_seconds - stats.prefill_seconds
+            spans, done = self._commit(step)
+            busy += time.perf_counter() - clock
+            stats.decode_seconds = busy - stats.prefill_seconds
             yield from spans
             if done:
                 return
             if self._stop_requested:
-                stats.stop_reason = "stopped"
+                yield from self._stopped()
                 return
-            clock = time.perf_counter()  # time spent by the consumer between spans does not count
+            clock = time.perf_counter()
+            match, draft = self._propose()
+            logits = self._verify(draft)
+            step = self._accept(logits, match, draft)
 
-            # -- propose
-            remaining = cfg.max_new_tokens - stats.new_tokens
-            match = gen._propose(index, len(self.token_ids), cfg, self.forced)
-            if policy is not None:
-                k = policy.choose(match, remaining)
-            else:
-                k = min(len(match.tokens), remaining - 1) if match else 0
-            draft = match.tokens[:k] if k > 0 else []
+    def _prefill(self) -> Step:
+        self._cache = new_cache(self.gen.model)
+        logits = forward(self.gen.model, self.prompt_ids, self._cache, logits_to_keep=1)
+        return Step([next_token(logits[-1], self.config.sampling, self._rng)])
 
-            # -- verify: the cache holds all but the last token
-            past = len(index) - 1
-            logits = gen._forward([index.tokens[-1], *draft], cache)  # (k+1, vocab)
+    def _propose(self) -> tuple[Match | None, list[int]]:
+        """A match from the drafter (or the forced sequence) and the draft worth verifying."""
+        cfg = self.config
+        if not cfg.draft.enabled:
+            return None, []
+        remaining = cfg.max_new_tokens - self.stats.new_tokens
+        if self.forced is not None:
+            tokens = list(self.forced[len(self.token_ids) : len(self.token_ids) + cfg.draft.max_draft])
+            match = Match(n=0, extended=0, origin=len(self._index), tokens=tokens)
+            return match, tokens[: max(0, remaining - 1)]
+        match = self._index.propose(cfg.draft.max_draft)
+        k = self._policy.choose(match, remaining) if self._policy else 0
+        return match, (match.tokens[:k] if k > 0 else [])
 
-            # -- accept
-            if sampling.greedy:
-                accepted, token = accept_greedy(logits, draft)
-            else:
-                accepted, token = accept_sampled(logits, draft, sampling, rng)
-            crop_cache(cache, past + 1 + accepted)
-            if policy is not None and draft:
-                policy.observe(match, len(draft), accepted)
+    def _verify(self, draft: list[int]) -> torch.Tensor:
+        """One forward over [last token, *draft]: logits (len(draft)+1, vocab). The cache held
+        every token but the last."""
+        return forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
 
-            stats.forward_passes += 1
-            stats.accepted_per_step.append(accepted)
-            if draft:
-                stats.drafted_tokens += len(draft)
-                stats.accepted_tokens += accepted
-                stats.accepted_lengths[accepted] = stats.accepted_lengths.get(accepted, 0) + 1
-            step_tokens, n_drafted = [*draft[:accepted], token], accepted
-            origin = match.origin if (draft and self.forced is None) else None
+    def _accept(self, logits: torch.Tensor, match: Match | None, draft: list[int]) -> Step:
+        sampling = self.config.sampling
+        if sampling.greedy:
+            accepted, token = accept_greedy(logits, draft)
+        else:
+            accepted, token = accept_sampled(logits, draft, sampling, self._rng)
+        # the cache now holds the last token, the draft; keep the last token and accepted drafts
+        crop_cache(self._cache, len(self._index) + accepted)
+        if self._policy is not None and draft:
+            self._policy.observe(match, len(draft), accepted)
+        self.stats.forward_passes += 1
+        origin = match.origin if draft and self.forced is None else None
+        return Step([*draft[:accepted], token], accepted, len(draft), origin)
 
-    def _commit(self, tokens: list[int], n_drafted: int, origin: int | None,
-                index: NgramIndex) -> tuple[list[Span], bool]:
-        """Append one step's tokens (n_drafted accepted drafts, then the model's token) as at
-        most two spans, and decide whether to stop."""
-        cfg, stats = self.config, self.stats
-        spans: list[Span] = []
-        done = False
-        for i, token in enumerate(tokens):
-            drafted = i < n_drafted
+    def _commit(self, step: Step) -> tuple[list[Span], bool]:
+        """Append a step's tokens (up to EOS, a stop string or the limit), count them, and
+        return the spans ready to stream and whether generation is over."""
+        stats, reason = self.stats, ""
+        kept = 0
+        for i, token in enumerate(step.tokens):
+            kept += 1
             self.token_ids.append(token)
-            index.append(token)
-            stats.new_tokens += 1
-            delta = self._decoder.push([token])
-            if spans and spans[-1].drafted == drafted:
-                spans[-1].token_ids.append(token)
-                spans[-1].text += delta
-            else:
-                span_origin = None
-                if drafted and origin is not None:
-                    span_origin = SpanOrigin(position=origin,
-                                             in_prompt=origin < len(self.prompt_ids))
-                spans.append(Span(text=delta, token_ids=[token], drafted=drafted,
-                                  origin=span_origin))
-            if token in self.gen.eos_token_ids:
-                stats.stop_reason, done = "eos", True
-            elif self._hit_stop_string():
-                stats.stop_reason, done = "stop_string", True
-            elif stats.new_tokens >= cfg.max_new_tokens:
-                stats.stop_reason, done = "max_new_tokens", True
-            if done:
+            self._index.append(token)
+            hit = self._text.push(token, step.origin if i < step.accepted else None)
+            reason = ("eos" if token in self.gen.eos_token_ids else "stop_string" if hit
+                      else "max_new_tokens" if len(self.token_ids) >= self.config.max_new_tokens
+                      else "")
+            if reason:
                 break
-        if spans and self._held:
-            spans[0].text = self._held + spans[0].text
-            self._held = ""
-        if done and self._stop_cut is not None:
-            self._trim_spans_to(self._stop_cut, spans)
-        elif not done:
-            self._hold_back_stop_prefix(spans)
-        spans = [self._with_source(s) for s in spans]
+        stats.new_tokens += kept
+        if step.drafted is not None:
+            _count_step(stats, step, min(step.accepted, kept))
+        stats.stop_reason = reason
+        spans = self._text.flush(done=bool(reason))
         self.spans.extend(spans)
-        return spans, done
+        return spans, bool(reason)
 
-    def _hit_stop_string(self) -> bool:
-        if not self.config.stop_strings:
-            return False
-        text = self._decoder.text
-        cuts = [i for i in (text.find(s) for s in self.config.stop_strings) if i >= 0]
-        if cuts:
-            self._stop_cut = min(cuts)
-            return True
-        return False
 
-    def _hold_back_stop_prefix(self, spans: list[Span]) -> None:
-        """Keep back text that may be the start of a stop string: streamed text is final."""
-        text, hold = self._decoder.text, 0
-        for stop in self.config.stop_strings:
-            for n in range(min(len(stop) - 1, len(text)), hold, -1):
-                if text.endswith(stop[:n]):
-                    hold = n
-                    break
-        for span in reversed(spans):
-            if hold <= 0:
-                break
-            take = min(hold, len(span.text))
-            if take:
-                self._held = span.text[len(span.text) - take :] + self._held
-                span.text = span.text[: len(span.text) - take]
-                hold -= take
+    def _stopped(self) -> list[Span]:
+        """End on request: release any text still held back."""
+        self.stats.stop_reason = "stopped"
+        spans = self._text.flush(done=True)
+        self.spans.extend(spans)
+        return spans
 
-    def _trim_spans_to(self, cut: int, new_spans: list[Span]) -> None:
-        """Drop text at and after the stop string from the spans (tokens stay, as in HF)."""
-        emitted = sum(len(s.text) for s in self.spans)
-        for span in new_spans:
-            keep = max(0, cut - emitted)
-            emitted += len(span.text)
-            span.text = span.text[:keep]
 
-    def _with_source(self, span: Span) -> Span:
-        o = span.origin
-        if o is None or not o.in_prompt:
-            return span
-        first, last = o.position, o.position + len(span.token_ids) - 1
-        for region in self.sources:
-            if region.token_start <= first < region.token_end:
-                last = min(last, region.token_end - 1)
-                span.origin = SpanOrigin(
-                    position=o.position,
-                    in_prompt=True,
-                    source=region.source,
-                    char_start=region.char_offsets[first - region.token_start][0],
-                    char_end=region.char_offsets[last - region.token_start][1],
-                )
-                break
-        return span
+def _count_step(stats: GenerationStats, step: Step, kept_drafts: int) -> None:
+    """Record one decode forward; only accepted draft tokens that were kept (not cut by EOS, a
+    stop string or the limit) count as accepted."""
+    stats.accepted_per_step.append(kept_drafts)
+    if step.drafted:
+        stats.drafted_tokens += step.drafted
+        stats.accepted_tokens += kept_drafts
+        stats.accepted_lengths[kept_drafts] = stats.accepted_lengths.get(kept_drafts, 0) + 1
+
+
+def _sampling_rng(sampling: SamplingConfig, device: torch.device) -> torch.Generator | None:
+    """The random stream for sampling, on the model's device (None for greedy)."""
+    if sampling.greedy:
+        return None
+    rng = torch.Generator(device=device)
+    rng.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns()))
+    return rng

@@ -31,7 +31,7 @@ import statistics
 import sys
 
 from app import bench as core
-from app.commands.bench import build_setup
+from app.bench import build_setup
 from decoding.ngram import NgramIndex
 from decoding.policy import DraftPolicy
 from decoding.types import DraftConfig, GenerationConfig

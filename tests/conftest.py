@@ -34,6 +34,10 @@ def make_char_tokenizer():
 
 
 def make_tiny_model(vocab_size: int, seed: int = 0, **overrides):
+    """A 2-layer Llama with random weights. initializer_range 0.3 (not transformers' 0.02) makes
+    its greedy output varied: with tiny weights every prompt makes it repeat one token forever,
+    and an engine test on such output checks almost nothing (every draft of that token is
+    right)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from decoding.attention import register
@@ -51,6 +55,7 @@ def make_tiny_model(vocab_size: int, seed: int = 0, **overrides):
         bos_token_id=1,
         pad_token_id=0,
         tie_word_embeddings=True,
+        initializer_range=0.3,
     )
     cfg.update(overrides)
     model = LlamaForCausalLM(LlamaConfig(**cfg))

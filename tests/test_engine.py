@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -87,20 +88,23 @@ def test_spans_reassemble_output_and_drafts_copy_their_origin(tiny_model, tiny_t
         assert s.accepted_tokens == sum(a * n for a, n in s.accepted_lengths.items())
         assert len(s.accepted_per_step) == s.forward_passes
         assert sum(s.accepted_per_step) == s.accepted_tokens
-        if s.stop_reason != "eos":  # EOS may end the output inside an accepted draft
-            assert [a for a in s.accepted_per_step if a] == [
-                len(sp.token_ids) for sp in result.spans if sp.drafted]
-        assert s.forward_passes == len(result.token_ids) - 1 - s.accepted_tokens or s.stop_reason == "eos"
+        assert [a for a in s.accepted_per_step if a] == [
+            len(sp.token_ids) for sp in result.spans if sp.drafted and sp.token_ids]
+        # every forward adds its accepted drafts and one own token, except a last step cut
+        # inside its accepted draft (by EOS or the limit), which has no own token
+        cut_in_draft = [sp for sp in result.spans if sp.token_ids][-1].drafted
+        assert s.forward_passes == len(result.token_ids) - 1 - s.accepted_tokens + cut_in_draft
     assert seen_drafts > 0
 
 
 @pytest.mark.parametrize("limit", [1, 2, 5, 17])
 def test_never_generates_past_max_new_tokens(tiny_model, tiny_tokenizer, limit):
     gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
-    prompt = [5, 6, 7, 8] * 10
+    prompt = [9, 10, 11, 12, 13] * 6
+    assert 2 not in hf_greedy(tiny_model, prompt, limit)  # the limit, not an EOS, ends it
     cfg = GenerationConfig(max_new_tokens=limit, draft=DraftConfig(adaptive=False))
     result = gen.generate(prompt, cfg)
-    assert len(result.token_ids) == limit
+    assert len(result.token_ids) == limit and result.stats.stop_reason == "max_new_tokens"
     assert result.token_ids == hf_greedy(tiny_model, prompt, limit)
 
 
@@ -108,6 +112,7 @@ def test_stops_at_eos_like_transformers(tiny_model, tiny_tokenizer):
     prompt = [9, 10, 11, 12, 13] * 6
     free = hf_greedy(tiny_model, prompt, 40)
     eos = free[7]  # pretend a token the model writes is the end of sequence
+    assert free.index(eos) == 7  # ...and first writes there: the output must stop at 8 tokens
     gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[eos])
     result = gen.generate(prompt, GenerationConfig(max_new_tokens=40))
     assert result.token_ids == hf_greedy(tiny_model, prompt, 40, eos=eos)
@@ -127,28 +132,33 @@ def test_stop_string_ends_generation_and_is_cut_from_text(tiny_model, tiny_token
     assert free.token_ids[: len(result.token_ids)] == result.token_ids
 
 
-def test_drafts_from_registered_passages_carry_char_ranges(tiny_model, tiny_tokenizer):
-    passage = "abcabcabcabcabcabcabcabcabcabcabcabc"
-    ids = tiny_tokenizer(passage, add_special_tokens=False)["input_ids"]
-    prefix = tiny_tokenizer("Q: ", add_special_tokens=False)["input_ids"]
-    prompt = prefix + ids + tiny_tokenizer("\nabc", add_special_tokens=False)["input_ids"]
+def test_drafts_from_registered_passages_carry_char_ranges(tiny_tokenizer):
+    # A model with tiny random weights writes one token forever: a passage of that token is
+    # what its drafts copy, and it accepts them.
+    from conftest import make_tiny_model
+
+    repeater = make_tiny_model(len(tiny_tokenizer), initializer_range=0.02)
+    question = tiny_tokenizer("Which port? ", add_special_tokens=False)["input_ids"]
+    token = hf_greedy(repeater, question, 1)[0]
+    ids = [token] * 20
+    passage = tiny_tokenizer.decode(ids)
+    prompt = question + ids + question
     region = SourceRegion(
-        token_start=len(prefix), token_end=len(prefix) + len(ids), source="p1",
-        char_offsets=tuple((i, i + 1) for i in range(len(ids))),  # one char per token
+        token_start=len(question), token_end=len(question) + len(ids), source="p1",
+        char_offsets=tuple((i, i + 1) for i in range(len(ids))),  # one character per token
     )
-    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
-    result = gen.generate(prompt, GenerationConfig(max_new_tokens=30, draft=DraftConfig(adaptive=False)),
+    gen = Generator(repeater, tiny_tokenizer, eos_token_ids=[2])
+    result = gen.generate(prompt, GenerationConfig(max_new_tokens=24, draft=DraftConfig(adaptive=False)),
                           sources=[region])
+    assert result.token_ids == hf_greedy(repeater, prompt, 24)
     located = [s for s in result.spans if s.drafted and s.origin.source == "p1"]
+    assert sum(len(s.token_ids) for s in located) >= 8
     for span in located:
         o = span.origin
         assert region.token_start <= o.position < region.token_end
-        copied = passage[o.char_start : o.char_end]
-        assert span.text.startswith(copied) or copied.startswith(span.text)
-    # a forced copy from the passage proves the mapping is exercised whatever the model writes
-    forced = gen.generate(prompt, GenerationConfig(max_new_tokens=6), sources=[region],
-                          forced_drafts=hf_greedy(tiny_model, prompt, 6))
-    assert forced.token_ids == hf_greedy(tiny_model, prompt, 6)
+        assert o.char_start == o.position - region.token_start
+        assert o.char_end - o.char_start == min(len(span.token_ids), region.token_end - o.position)
+        assert passage[o.char_start : o.char_end] == span.text[: o.char_end - o.char_start]
 
 
 def test_forced_oracle_drafts_are_all_accepted(tiny_model, tiny_tokenizer):
@@ -173,15 +183,23 @@ def test_bad_prompts_raise_clear_errors(tiny_model, tiny_tokenizer):
 
 
 def test_adaptive_policy_spends_fewer_forwards_than_plain_decoding_on_repetitive_text(
-    tiny_model, tiny_tokenizer
+    tiny_tokenizer
 ):
-    # A steep measured cost (like this CPU's) still lets strong matches through.
+    # A steep measured cost (like this CPU's) still lets strong matches through: the repeater
+    # model (see above) writes one token forever, which the drafter finds in the context.
+    from conftest import make_tiny_model
+
+    repeater = make_tiny_model(len(tiny_tokenizer), initializer_range=0.02)
     cost = ForwardCost([1.0 + 0.1 * n for n in range(17)])
-    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2], cost=cost)
+    gen = Generator(repeater, tiny_tokenizer, eos_token_ids=[2], cost=cost)
     prompt = [7, 8, 9, 10, 11, 12] * 8
-    truth = hf_greedy(tiny_model, prompt, 60)
-    result = gen.generate(prompt + truth[:30] + prompt, GenerationConfig(max_new_tokens=40))
-    assert result.stats.forward_passes < 39
+    truth = hf_greedy(repeater, prompt, 60)
+    context = prompt + truth[:30] + prompt
+    plain = gen.generate(context, GenerationConfig(max_new_tokens=40, draft=DraftConfig(enabled=False)))
+    result = gen.generate(context, GenerationConfig(max_new_tokens=40))
+    assert result.token_ids == plain.token_ids
+    assert result.stats.accepted_tokens >= 10
+    assert result.stats.forward_passes <= 0.75 * plain.stats.forward_passes
 
 
 # -- sampling: the point-mass rule keeps the distribution ---------------------------------------
@@ -276,3 +294,40 @@ def test_stop_ends_the_stream_at_the_next_step_and_keeps_what_was_written(tiny_m
     assert stream.stats.stop_reason == "stopped"
     assert len(stream.token_ids) == 3 < len(full.token_ids)
     assert stream.token_ids == full.token_ids[:3] == seen
+
+
+def test_held_back_stop_prefix_keeps_the_kind_of_the_tokens_that_wrote_it(tiny_model, tiny_tokenizer):
+    # Forced (oracle) drafts make every step "drafts, then one own token". With a stop string
+    # that starts with the own token's character but never completes, that character is held
+    # back at the end of each step and streamed with the next step: it must stay unhighlighted.
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    prompt = [20, 21, 22, 23] * 8
+    truth = hf_greedy(tiny_model, prompt, 40)
+    cfg = GenerationConfig(max_new_tokens=40, draft=DraftConfig(max_draft=3))
+    plain = gen.generate(prompt, cfg, forced_drafts=truth)
+    own_chars = {s.text[-1] for s in plain.spans if not s.drafted and s.text}
+    stop = sorted(own_chars)[0] + "\x7f never written"
+    result = gen.generate(prompt, replace(cfg, stop_strings=(stop,)), forced_drafts=truth)
+    assert result.token_ids == truth
+    # one character per token here: each character's highlight is its token's kind
+    by_char = [s.drafted for s in result.spans for _ in s.text]
+    by_token = [s.drafted for s in result.spans for _ in s.token_ids]
+    assert "".join(s.text for s in result.spans) == result.text == plain.text
+    assert by_char == by_token
+
+
+def test_drafts_accepted_after_eos_are_not_counted(tiny_model, tiny_tokenizer):
+    prompt = [9, 10, 11, 12, 13] * 6
+    free = hf_greedy(tiny_model, prompt, 40)
+    eos = free[7]
+    assert free.index(eos) == 7
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[eos])
+    # the forced draft runs past the EOS: the model accepts all 16, the output ends at the EOS
+    result = gen.generate(prompt, GenerationConfig(max_new_tokens=40, draft=DraftConfig(max_draft=16)),
+                          forced_drafts=free)
+    assert result.token_ids == free[:8] and result.stats.stop_reason == "eos"
+    s = result.stats
+    kept = sum(len(sp.token_ids) for sp in result.spans if sp.drafted)
+    assert s.accepted_tokens == kept == 7
+    assert s.accepted_lengths == {7: 1} and s.accepted_per_step == [7]
+    assert s.new_tokens == len(result.token_ids) == 8

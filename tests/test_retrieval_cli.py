@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 from fakes import HashEmbedder
 
-import app.commands.common as common
 import app.commands.index as index_commands
+import app.loading as common
 from app.cli import main
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"

@@ -97,7 +97,7 @@ def test_question_set_is_well_formed():
 
 
 def test_cli_end_to_end_with_the_bundled_model(tmp_path, monkeypatch, embedder):
-    import app.commands.common as common
+    import app.loading as common
     from app.cli import main
 
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path))

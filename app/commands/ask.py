@@ -18,6 +18,7 @@ from app.commands.common import (
     sampling_options,
 )
 from app.terminal import printable, render_spans, stats_line
+from retrieval.errors import RetrievalError
 
 
 @click.command()
@@ -64,7 +65,7 @@ def ask(question, k, max_new_tokens, compare, index, as_json, temperature, top_p
             off = replace(config, draft=replace(config.draft, enabled=False))
             streams.append(("speculation off", pipeline.stream(prepared, off)))
         streams.append(("speculation on" if compare else "", pipeline.stream(prepared, config)))
-    except ValueError as exc:
+    except (RetrievalError, ValueError) as exc:  # a missing embedder, a question too long...
         raise click.ClickException(str(exc)) from exc
     if as_json:
         _print_json(question, prepared, streams, loaded.name)

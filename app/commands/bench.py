@@ -1,7 +1,7 @@
 """`ragspec bench`: time ragspec against greedy, transformers' prompt lookup and an oracle drafter.
 
-The logic lives in app.bench; this module loads the model, ingests the corpus, builds each
-question's prompt with the real pipeline, and reports. Progress goes to stderr, results to
+The logic lives in app.bench (running), app.bench_summary (aggregating) and app.bench_plot
+(the figure); this module parses options and reports. Progress goes to stderr, results to
 stdout (a table, or the results object with --json). Exit status: 0 on success, 1 when some
 input failed (the questions file, a corpus file, a question's prompt; each is named), 2 on bad
 usage.
@@ -10,81 +10,24 @@ usage.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
-from contextlib import ExitStack
-from dataclasses import dataclass, field
 
 import click
 
-from app import paths
-
-EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = retrieval.embeddings.ENV_VAR, without importing it
-
-
-@dataclass
-class Setup:
-    """What the benchmark needs, built by load_generator and prepare_prompts (tests inject it)."""
-
-    model_name: str
-    device: str
-    generator: object  # decoding.engine.Generator
-    prepared: list = field(default_factory=list)  # app.bench.Prepared
-    failures: list[str] = field(default_factory=list)
+from app import bench as core
+from app import bench_summary as summary
 
 
-def load_generator(model: str | None) -> tuple[object, str, str]:
-    """(Generator with this machine's measured forward cost, model name, device description)."""
-    from app.commands.common import generator_from_options
-    from app.loading import describe_device
-
-    lm, generator = generator_from_options(model, quiet=True)
-    return generator, lm.name, describe_device(lm)
-
-
-def prepare_prompts(generator, corpus: str, index: str | None, questions, max_new_tokens: int,
-                    failures: list[str]) -> list:
-    """Ingest the corpus (into a temporary index, or into --index where unchanged files are
-    skipped by hash) and build each question's prompt with the real pipeline."""
-    from app.bench import Prepared
-    from app.pipeline import NoDocumentsError, Pipeline, PipelineConfig
-    from decoding.types import SourceRegion
-    from retrieval.embeddings import Embedder
+def build_setup(model, corpus, index, questions, max_new_tokens) -> core.Setup:
+    """app.bench.build_setup with errors as one clear line (tests replace this)."""
+    from decoding.model import ModelNotFound
     from retrieval.errors import RetrievalError
-    from retrieval.ingest import ingest_paths
-    from retrieval.store import PassageStore
 
-    with ExitStack() as stack:
-        if index is None:
-            index = stack.enter_context(tempfile.TemporaryDirectory(prefix="ragspec-bench-"))
-        try:
-            store = PassageStore.open(paths.index_dir(index),
-                                      Embedder(os.environ.get(EMBEDDER_ENV) or None))
-            click.echo(f"Ingesting {corpus} ...", err=True)
-            report = ingest_paths([corpus], store)
-        except (RetrievalError, ValueError, RuntimeError) as exc:
-            raise click.ClickException(str(exc)) from exc
-        failures.extend(f"corpus file {p}: {why}" for p, why in report.failed)
-        if store.passage_count() == 0:
-            raise click.ClickException(f"no passages could be made from {corpus}: nothing to "
-                                       "retrieve (give a folder of .md/.txt/.pdf/.html/.docx)")
-        pipe = Pipeline(store, generator, PipelineConfig(k=4, max_new_tokens=max_new_tokens))
-        prepared = []
-        limit = generator.context_length
-        for q in questions:
-            try:
-                p = pipe.prepare(q.question)
-            except (RetrievalError, NoDocumentsError, ValueError) as exc:
-                failures.append(f"question {q.id}: {exc}")
-                continue
-            if len(p.prompt_ids) + max_new_tokens > limit:
-                failures.append(f"question {q.id}: prompt of {len(p.prompt_ids)} tokens + "
-                                f"{max_new_tokens} new tokens exceeds the model's {limit}")
-                continue
-            regions = tuple(s for s in (p.sources or ()) if isinstance(s, SourceRegion))
-            prepared.append(Prepared(q, list(p.prompt_ids), regions))
-    return prepared
+    try:
+        return core.build_setup(model, corpus, index, questions, max_new_tokens,
+                                log=lambda message: click.echo(message, err=True))
+    except (ModelNotFound, RetrievalError, core.BenchInputError) as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @click.command("bench")
@@ -121,12 +64,11 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
 
     Ingests DIR, builds each question's prompt with the real pipeline, then runs on every
     question, interleaved and after a warm-up: greedy (the engine, no speculation), ragspec,
-    hf_greedy (model.generate), hf_pld (model.generate with prompt_lookup_num_tokens=10) and
-    oracle (the engine drafting the true greedy continuation). Speedups are tokens/s (prefill
-    included) over greedy's on the same question; hf_pld's is over hf_greedy's.
+    hf_greedy (model.generate, transformers' own attention), hf_pld (model.generate with
+    prompt_lookup_num_tokens=10) and oracle (the engine drafting the true greedy continuation).
+    Speedups are tokens/s (prefill included) over greedy's on the same question; hf_pld's is
+    over hf_greedy's.
     """
-    from app import bench as core
-
     try:
         questions = core.load_questions(questions_file, limit)
     except core.BenchInputError as exc:
@@ -136,43 +78,45 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
         click.echo(f"warning: {failure}", err=True)
     if not setup.prepared:
         raise click.ClickException("no question could be prepared; nothing to benchmark")
-
-    runner = core.Runner(setup.generator)
-    total = len(setup.prepared) * len(core.METHODS) * repeats
-    with click.progressbar(length=total, label="Benchmarking", show_pos=True, show_eta=True,
-                           item_show_func=lambda item: item,
-                           file=click.get_text_stream("stderr")) as bar:
-        bar.update(0, "warm-up")
-        entries = core.run_bench(runner, setup.prepared, max_new_tokens,
-                                 progress=lambda q, m: bar.update(1, f"{q.id} {m}"),
-                                 repeats=repeats)
-    results = core.build_results(setup.model_name, setup.device, max_new_tokens, entries,
-                                 repeats)
-
-    if out:
-        _write(out, lambda path: open(path, "w", encoding="utf-8").write(
-            json.dumps(results, indent=1, ensure_ascii=False) + "\n"))
-    if plot_path:
-        _write(plot_path, lambda path: core.plot(results, path))
-    if as_json:
-        click.echo(json.dumps(results, indent=1, ensure_ascii=False))
-    else:
-        click.echo(f"{setup.model_name} on {setup.device}, {max_new_tokens} new tokens, "
-                   f"{len(entries)} questions"
-                   + (f", fastest of {repeats} runs each" if repeats > 1 else ""))
-        click.echo(core.format_table(results))
-        click.echo(core.format_targets(results))
+    entries = _run_with_progress(setup, max_new_tokens, repeats)
+    results = summary.build_results(setup.model_name, setup.device, max_new_tokens, entries,
+                                    repeats)
+    _report(results, setup, out, plot_path, as_json)
     if setup.failures:
         click.echo(f"{len(setup.failures)} input(s) failed: "
                    + "; ".join(setup.failures), err=True)
         sys.exit(1)
 
 
-def build_setup(model, corpus, index, questions, max_new_tokens) -> Setup:
-    generator, name, device = load_generator(model)
-    failures: list[str] = []
-    prepared = prepare_prompts(generator, corpus, index, questions, max_new_tokens, failures)
-    return Setup(name, device, generator, prepared, failures)
+def _run_with_progress(setup: core.Setup, max_new_tokens: int, repeats: int) -> list[dict]:
+    runner = core.Runner(setup.generator)
+    total = len(setup.prepared) * len(core.METHODS) * repeats
+    with click.progressbar(length=total, label="Benchmarking", show_pos=True, show_eta=True,
+                           item_show_func=lambda item: item,
+                           file=click.get_text_stream("stderr")) as bar:
+        bar.update(0, "warm-up")
+        return core.run_bench(runner, setup.prepared, max_new_tokens,
+                              progress=lambda q, m: bar.update(1, f"{q.id} {m}"),
+                              repeats=repeats)
+
+
+def _report(results: dict, setup: core.Setup, out: str | None, plot_path: str | None,
+            as_json: bool) -> None:
+    if out:
+        _write(out, lambda path: open(path, "w", encoding="utf-8").write(
+            json.dumps(results, indent=1, ensure_ascii=False) + "\n"))
+    if plot_path:
+        from app.bench_plot import plot
+
+        _write(plot_path, lambda path: plot(results, path))
+    if as_json:
+        click.echo(json.dumps(results, indent=1, ensure_ascii=False))
+        return
+    repeats = results["repeats"]
+    click.echo(f"{setup.model_name} on {setup.device}, {results['max_new_tokens']} new tokens, "
+               f"{len(results['questions'])} questions"
+               + (f", fastest of {repeats} runs each" if repeats > 1 else ""))
+    click.echo(summary.format_table(results))
 
 
 def _write(path: str, writer) -> None:

@@ -4,9 +4,6 @@ store opener, and the generation config built from options. Errors become one cl
 
 from __future__ import annotations
 
-import functools
-import os
-
 import click
 
 from app import paths
@@ -14,8 +11,6 @@ from app import paths
 # Only the (dependency-free) error classes at import time: LangChain, FAISS and torch load when a
 # command runs, so `ragspec --help` stays fast.
 from retrieval.errors import RetrievalError
-
-EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = retrieval.embeddings.ENV_VAR, without importing it
 
 index_option = click.option(
     "--index", "index", metavar="DIR", default=None,
@@ -98,27 +93,14 @@ def generator_from_options(model_spec: str | None, device: str | None = None, ex
         raise click.ClickException(str(exc)) from exc
 
 
-@functools.lru_cache(maxsize=2)
-def cached_embedder(name: str | None):
-    """The embedder named by RAGSPEC_EMBEDDER (None: the bundled one), loaded once per process
-    (tests and the UI run several commands in one process)."""
-    from retrieval.embeddings import Embedder
-
-    return Embedder(name)
-
-
 def open_store(index: str | None, *, with_embedder: bool = True,
                require_documents: bool = False):
-    """The index at --index (or $RAGSPEC_HOME/index); problems become one clear line.
+    """app.loading.open_store with problems as one clear line; require_documents refuses an
+    empty index (commands that answer from it)."""
+    from app import loading
 
-    with_embedder: False is enough to list and remove (no model is loaded).
-    require_documents: refuse an empty index (commands that answer from it).
-    """
-    from retrieval.store import PassageStore
-
-    embedder = cached_embedder(os.environ.get(EMBEDDER_ENV) or None) if with_embedder else None
     try:
-        store = PassageStore.open(paths.index_dir(index), embedder)
+        store = loading.open_store(index, with_embedder=with_embedder)
     except RetrievalError as exc:
         raise click.ClickException(str(exc)) from exc
     if require_documents and store.passage_count() == 0:

@@ -1,0 +1,90 @@
+"""Aggregating `ragspec bench` results: speedups per question, medians per kind of question,
+and the summary as a text table. Plain dicts in (the results object's "questions" entries),
+plain dicts and text out.
+
+speedup = a method's tokens_per_s over its baseline's on the same question (BASELINE: the engine
+methods over greedy, hf_pld over hf_greedy: each tool against its own plain decoding).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from app.bench import BASELINE, KINDS, METHODS
+
+
+def entry_speedup(entry: dict, method: str, metric: str = "tokens_per_s") -> float | None:
+    base = entry["results"][BASELINE[method]][metric]
+    mine = entry["results"][method][metric]
+    return mine / base if base else None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _method_summary(entries: list[dict], method: str) -> dict:
+    runs = [e["results"][method] for e in entries]
+    speedups = [s for s in (entry_speedup(e, method) for e in entries) if s is not None]
+    decode = [s for s in (entry_speedup(e, method, "decode_tokens_per_s") for e in entries)
+              if s is not None]
+    drafted = [r["drafted_tokens"] for r in runs]
+    accept_rate = None
+    if runs and None not in drafted and sum(drafted) > 0:
+        accept_rate = sum(r["accepted_tokens"] for r in runs) / sum(drafted)
+    histogram: dict[int, int] = {}
+    for r in runs:
+        for length, count in r.get("accepted_lengths", {}).items():
+            histogram[int(length)] = histogram.get(int(length), 0) + count
+    steps = sum(histogram.values())
+    return {
+        "median_speedup": _median(speedups),
+        "min_speedup": min(speedups) if speedups else None,
+        "median_decode_speedup": _median(decode),
+        "median_tokens_per_s": _median([r["tokens_per_s"] for r in runs]),
+        "accept_rate": accept_rate,
+        "mean_accepted_length": sum(a * n for a, n in histogram.items()) / steps if steps else None,
+        "all_identical": all(r["identical_to_greedy"] for r in runs) if runs else None,
+    }
+
+
+def summarize(entries: list[dict], methods: Sequence[str] = METHODS) -> dict:
+    """{KIND: {METHOD: stats}} for "copy", "open" and "all" (stats are null for an empty kind)."""
+    summary = {}
+    for kind in (*KINDS, "all"):
+        chosen = [e for e in entries if kind == "all" or e["kind"] == kind]
+        summary[kind] = {m: _method_summary(chosen, m) for m in methods}
+    return summary
+
+
+def build_results(model: str, device: str, max_new_tokens: int, entries: list[dict],
+                  repeats: int = 1) -> dict:
+    return {"model": model, "device": device, "max_new_tokens": max_new_tokens,
+            "repeats": repeats, "methods": list(METHODS), "questions": entries,
+            "summary": summarize(entries)}
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def format_table(results: dict) -> str:
+    """The summary as a fixed-width text table (Markdown-compatible)."""
+    counts = {k: sum(1 for e in results["questions"] if k == "all" or e["kind"] == k)
+              for k in (*KINDS, "all")}
+    header = ("| kind | method | median speedup | min speedup | median decode speedup "
+              "| median tok/s | accept rate | mean accepted | identical |")
+    lines = [header, "|" + "---|" * 9]
+    for kind, methods in results["summary"].items():
+        if not counts[kind]:
+            continue
+        for method, s in methods.items():
+            ident = {True: "yes", False: "NO", None: "-"}[s["all_identical"]]
+            lines.append(
+                f"| {kind} (n={counts[kind]}) | {method} | {_fmt(s['median_speedup'], '.2f', '×')} "
+                f"| {_fmt(s['min_speedup'], '.2f', '×')} "
+                f"| {_fmt(s['median_decode_speedup'], '.2f', '×')} "
+                f"| {_fmt(s['median_tokens_per_s'], '.1f')} | {_fmt(s['accept_rate'], '.0%')} "
+                f"| {_fmt(s['mean_accepted_length'], '.2f')} | {ident} |")
+    return "\n".join(lines)
