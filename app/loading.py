@@ -27,14 +27,20 @@ def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
 def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
                    max_draft: int = 16, *, device: str | None = None, exact: bool = False):
     """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2)."""
-    from decoding.calibrate import load_or_measure
+    from decoding.calibrate import load_or_measure, measure_and_save
     from decoding.engine import Generator
     from decoding.model import load_model
 
     cache = model_cache_dir(cache_dir)
     loaded = load_model(model, cache, device=device, exact=exact)
-    cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, max_draft + 1, cache)
-    return loaded, Generator.from_loaded(loaded, cost=cost)
+    sizes = max_draft + 1
+    cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, sizes, cache)
+
+    def recalibrate():
+        fresh = measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes, cache)
+        return None if fresh.noisy else fresh.cost
+
+    return loaded, Generator.from_loaded(loaded, cost=cost, recalibrate=recalibrate)
 
 
 def describe_device(loaded) -> str:

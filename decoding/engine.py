@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from decoding.cache import crop_cache, new_cache
+from decoding.calibrate import CostWatch
 from decoding.ngram import Match, NgramIndex
 from decoding.policy import DraftPolicy, ForwardCost
 from decoding.provenance import locate_origin
+from decoding.quant import int4_token_limit
 from decoding.sampling import accept_greedy, accept_sampled, next_token
 from decoding.text import SpanText
 from decoding.types import (
@@ -44,7 +46,12 @@ class Generator:
     """Speculative n-gram generation over one loaded causal LM (not thread-safe: one at a time)."""
 
     def __init__(self, model, tokenizer, *, eos_token_ids: Sequence[int] = (),
-                 cost: ForwardCost | None = None):
+                 cost: ForwardCost | None = None,
+                 recalibrate: Callable[[], ForwardCost | None] | None = None):
+        """cost: this machine's forward-cost curve (None: every forward costs the same).
+        recalibrate: measures the curve again (None when the curve is not this machine's);
+            called when live step times disagree with `cost` twice in a row (CostWatch),
+            returns the new curve, or None when the machine was too busy to measure."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -52,12 +59,15 @@ class Generator:
         if not self.eos_token_ids and tokenizer.eos_token_id is not None:
             self.eos_token_ids = {int(tokenizer.eos_token_id)}
         self.cost = cost
+        self.recalibrate = recalibrate
+        self.watch = CostWatch()
+        self._strikes = 0  # consecutive checks in which live step times disagreed with the curve
         self._policies: dict = {}  # DraftConfig -> DraftPolicy; learning persists across calls
 
     @classmethod
-    def from_loaded(cls, loaded, cost: ForwardCost | None = None) -> Generator:
+    def from_loaded(cls, loaded, cost: ForwardCost | None = None, recalibrate=None) -> Generator:
         return cls(loaded.model, loaded.tokenizer, eos_token_ids=sorted(loaded.eos_token_ids),
-                   cost=cost)
+                   cost=cost, recalibrate=recalibrate)
 
     @property
     def context_length(self) -> int:
@@ -86,6 +96,13 @@ class Generator:
                 f"the model's context of {self.context_length} tokens; shorten the prompt or lower "
                 f"max_new_tokens"
             )
+        limit = int4_token_limit(self.model)
+        if config.draft.enabled and limit is not None and config.draft.max_draft + 1 > limit:
+            raise ValueError(
+                f"max_draft {config.draft.max_draft} is too long for this model's 4-bit layers: "
+                f"a verify forward of more than {limit} tokens runs their fp32 weights; use "
+                f"max_draft <= {limit - 1}"
+            )
         return GenerationStream(self, prompt, config, tuple(sources), forced_drafts)
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
@@ -105,6 +122,31 @@ class Generator:
     def restore_policy_state(self, state: dict) -> None:
         """Forget what was learned since policy_state() returned `state`."""
         self._policies = copy.deepcopy(state)
+
+    def check_cost(self) -> bool:
+        """After a generation: re-measure the cost curve when live step times have disagreed
+        with its shape in two verdicts in a row, each on fresh samples (a generation too short
+        to tell changes nothing). True when the curve changed."""
+        if self.cost is None or self.recalibrate is None:
+            return False
+        verdict = self.watch.verdict(self.cost)
+        if verdict is None:
+            return False
+        self.watch.reset()
+        if not verdict:
+            self._strikes = 0
+            return False
+        self._strikes += 1
+        if self._strikes < 2:
+            return False
+        self._strikes = 0
+        fresh = self.recalibrate()
+        if fresh is None:
+            return False
+        self.cost = fresh
+        for policy in self._policies.values():
+            policy.cost = fresh
+        return True
 
 @dataclass
 class Step:
@@ -191,6 +233,7 @@ class GenerationStream:
             stats.decode_seconds = busy - stats.prefill_seconds
             yield from spans
             if done:
+                self.gen.check_cost()
                 return
             if self._stop_requested:
                 yield from self._stopped()
@@ -199,6 +242,8 @@ class GenerationStream:
             match, draft = self._propose()
             logits = self._verify(draft)
             step = self._accept(logits, match, draft)
+            if self._policy is not None:  # the step's cost, as calibrate measures it
+                self.gen.watch.observe(len(draft) + 1, time.perf_counter() - clock)
 
     def _prefill(self) -> Step:
         self._cache = new_cache(self.gen.model)
