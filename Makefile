@@ -11,7 +11,7 @@ export RAGSPEC_HOME ?= $(CURDIR)/.ragspec-home
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install test test-fast demo lint bench clean chromium screenshot
+.PHONY: install test test-fast demo lint bench bench-anchors clean chromium screenshot
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium not installed: the browser test will be skipped"
+
+# llama.cpp for `ragspec bench` (methods llamacpp, llamacpp_pld): a source build, ~10 minutes.
+bench-anchors: $(STAMP)
+	$(PY) -m pip install --quiet -r requirements-bench.txt
 
 # Refresh the README's picture of the chat (the browser test, writing into docs/).
 screenshot: $(STAMP) chromium

@@ -8,15 +8,18 @@ generation; `app.bench_summary` aggregates the entries. Knows nothing of click.
 Methods (all greedy, all capped at max_new_tokens):
     greedy     ragspec's engine with speculation off: the baseline of the engine methods;
     ragspec    the engine with its default speculation (adaptive n-gram drafts);
-    hf_greedy  transformers' model.generate(do_sample=False), with transformers' own attention
-               (sdpa) and cache, as a transformers user runs it: the same weights, switched to
-               stock attention for these runs only;
-    hf_pld     the same with prompt_lookup_num_tokens=10: the baseline users would otherwise pick;
+    hf_greedy  transformers' model.generate(do_sample=False) as a transformers user runs it:
+               the same weights in fp32 (4-bit layers off), transformers' own attention (sdpa)
+               and cache, for these runs only;
+    hf_pld     the same with prompt_lookup_num_tokens=10: transformers' own prompt lookup;
     oracle     the engine drafting the true greedy continuation (greedy's output), max_draft at a
-               time: the ceiling for any drafter on this machine.
+               time: the ceiling for any drafter on this machine;
+    llamacpp, llamacpp_pld  llama.cpp on the same GGUF file when llama_cpp is installed
+               (app.bench_llamacpp).
 
 identical_to_greedy compares token ids with greedy's output; for greedy itself it compares with
-hf_greedy's, i.e. it checks the engine against transformers.
+hf_greedy's (the engine against transformers, when both run the same weights: see the README),
+for llamacpp_pld with llamacpp's.
 """
 
 from __future__ import annotations
@@ -31,12 +34,17 @@ from pathlib import Path
 
 import torch
 
+from app.bench_llamacpp import LLAMACPP_METHODS
 from decoding.types import DraftConfig, GenerationConfig
 
 METHODS = ("greedy", "ragspec", "hf_greedy", "hf_pld", "oracle")
 KINDS = ("copy", "open")
+# speedups are over each method's own plain decoding
 BASELINE = {"greedy": "greedy", "ragspec": "greedy", "oracle": "greedy",
-            "hf_greedy": "greedy", "hf_pld": "hf_greedy"}
+            "hf_greedy": "greedy", "hf_pld": "hf_greedy",
+            "llamacpp": "llamacpp", "llamacpp_pld": "llamacpp"}
+# what each method's output is compared with (identical_to_greedy)
+REFERENCE = {"greedy": "hf_greedy", "llamacpp_pld": "llamacpp"}
 PLD_TOKENS = 10  # transformers' prompt_lookup_num_tokens, as users would set it
 WARMUP_TOKENS = 16
 
@@ -149,14 +157,17 @@ STOCK_ATTENTION = "sdpa"
 
 
 @contextmanager
-def stock_attention(model) -> Iterator[None]:
-    """transformers' own attention for the duration of the block (the weights stay where they
-    are), then the model's own choice again."""
+def stock_transformers(model) -> Iterator[None]:
+    """The model as transformers runs it, for the duration of the block: its own attention and
+    fp32 weights (ragspec's 4-bit layers off); the weights stay where they are."""
+    from decoding.quant import fp32_weights
+
     own = model.config._attn_implementation
     if own != STOCK_ATTENTION:
         model.set_attn_implementation(STOCK_ATTENTION)
     try:
-        yield
+        with fp32_weights(model):
+            yield
     finally:
         if own != STOCK_ATTENTION:
             model.set_attn_implementation(own)
@@ -165,10 +176,14 @@ def stock_attention(model) -> Iterator[None]:
 class Runner:
     """Runs one method on one prompt with a shared Generator (its model serves the HF methods)."""
 
-    def __init__(self, generator, draft: DraftConfig | None = None, pld_tokens: int = PLD_TOKENS):
+    def __init__(self, generator, draft: DraftConfig | None = None, pld_tokens: int = PLD_TOKENS,
+                 anchors=None):
+        """anchors: an app.bench_llamacpp.LlamaCppAnchors, to run the llama.cpp methods too."""
         self.gen = generator
         self.draft = draft or DraftConfig()
         self.pld_tokens = pld_tokens
+        self.anchors = anchors
+        self.methods = METHODS + (LLAMACPP_METHODS if anchors is not None else ())
 
     def run(self, method: str, prompt_ids: Sequence[int], max_new_tokens: int, *,
             sources: Sequence = (), reference: Sequence[int] | None = None) -> MethodRun:
@@ -188,7 +203,11 @@ class Runner:
         if method == "hf_pld":
             return self._hf(prompt_ids, max_new_tokens,
                             {"prompt_lookup_num_tokens": self.pld_tokens})
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        if method in LLAMACPP_METHODS and self.anchors is not None:
+            tokens, seconds, ttft = self.anchors.generate(method, prompt_ids, max_new_tokens,
+                                                          self.gen.eos_token_ids)
+            return MethodRun(tokens, seconds, ttft)
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(self.methods)}")
 
     def _engine(self, prompt_ids, cfg, sources, forced) -> MethodRun:
         start = time.perf_counter()
@@ -209,7 +228,7 @@ class Runner:
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=gen.device)
         eos = sorted(gen.eos_token_ids)
         pad = getattr(gen.tokenizer, "pad_token_id", None)
-        with stock_attention(model):
+        with stock_transformers(model):
             start = time.perf_counter()
             timer = _first_token_timer(start)
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -235,12 +254,12 @@ class Prepared:
 ProgressFn = Callable[[Question, str], None]
 
 
-def warm_up(runner: Runner, prompt: Prepared, methods: Sequence[str] = METHODS) -> None:
+def warm_up(runner: Runner, prompt: Prepared) -> None:
     """One short untimed run of every method: first-call costs (allocations, kernel choice,
     lazy imports) stay out of the timings."""
     tokens = min(WARMUP_TOKENS, runner.gen.context_length - len(prompt.prompt_ids))
     reference = runner.run("greedy", prompt.prompt_ids, max(1, tokens)).token_ids
-    for method in methods:
+    for method in runner.methods:
         runner.run(method, prompt.prompt_ids, max(1, tokens), sources=prompt.sources,
                    reference=reference)
 
@@ -260,20 +279,19 @@ def bench_question(runner: Runner, index: int, item: Prepared, max_new_tokens: i
     least disturbed measurement. Every round starts ragspec's draft policy from the state it had
     before this question, so a repeat does not learn from the question it is timed on. A method
     counts as identical only if all its runs were."""
-    runs: dict[str, list[MethodRun]] = {m: [] for m in METHODS}
+    runs: dict[str, list[MethodRun]] = {m: [] for m in runner.methods}
     policies = runner.gen.policy_state()
     for round_ in range(repeats):
         runner.gen.restore_policy_state(policies)
-        for method in method_order(index + round_):
+        for method in method_order(index + round_, runner.methods):
             reference = runs["greedy"][0].token_ids if runs["greedy"] else None
             runs[method].append(runner.run(method, item.prompt_ids, max_new_tokens,
                                            sources=item.sources, reference=reference))
             if progress:
                 progress(item.question, method)
-    greedy_ids = runs["greedy"][0].token_ids
     results = {}
-    for m in METHODS:
-        reference = runs["hf_greedy"][0].token_ids if m == "greedy" else greedy_ids
+    for m in runner.methods:
+        reference = runs[REFERENCE.get(m, "greedy")][0].token_ids
         best = min(runs[m], key=lambda r: r.seconds)
         results[m] = best.to_dict(all(r.token_ids == list(reference) for r in runs[m]))
         results[m]["runs_seconds"] = [r.seconds for r in runs[m]]
@@ -305,20 +323,24 @@ class Setup:
     generator: object  # decoding.engine.Generator
     prepared: list[Prepared] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    anchors: object = None  # app.bench_llamacpp.LlamaCppAnchors, or None
 
 
 def build_setup(model: str | None, corpus: str, index: str | None,
                 questions: Sequence[Question], max_new_tokens: int,
-                log: Callable[[str], None] = lambda message: None) -> Setup:
+                log: Callable[[str], None] = lambda message: None,
+                llamacpp: bool | None = None) -> Setup:
     """Load the model, ingest `corpus` (into a temporary index, or into `index`, where unchanged
     files are skipped) and build every question's prompt with the real pipeline.
 
-    Raises decoding.model.ModelNotFound and retrieval's RetrievalError; a corpus file or a
-    question that fails is listed in Setup.failures and the rest go on."""
+    llamacpp: run the llama.cpp methods too (None: when llama_cpp is installed and the model
+    came from a GGUF file). Raises decoding.model.ModelNotFound and retrieval's RetrievalError;
+    a corpus file or a question that fails is listed in Setup.failures and the rest go on."""
     from app.loading import describe_device, load_generator, open_store
     from retrieval.ingest import ingest_paths
 
     loaded, generator = load_generator(model)
+    anchors = _open_anchors(model, llamacpp, generator.context_length, log)
     with tempfile.TemporaryDirectory(prefix="ragspec-bench-") as scratch:
         store = open_store(index or scratch)
         log(f"Ingesting {corpus} ...")
@@ -328,7 +350,28 @@ def build_setup(model: str | None, corpus: str, index: str | None,
             raise BenchInputError(f"no passages could be made from {corpus}: nothing to "
                                   "retrieve (give a folder of .md/.txt/.pdf/.html/.docx)")
         prepared = prepare_prompts(generator, store, questions, max_new_tokens, failures)
-    return Setup(loaded.name, describe_device(loaded), generator, prepared, failures)
+    return Setup(loaded.name, describe_device(loaded), generator, prepared, failures, anchors)
+
+
+def _open_anchors(model: str | None, wanted: bool | None, n_ctx: int, log):
+    from app import bench_llamacpp
+    from decoding.model import BUNDLED, bundled_gguf_path
+
+    if wanted is False or (wanted is None and not bench_llamacpp.available()):
+        return None
+    if not bench_llamacpp.available():
+        raise BenchInputError("llama_cpp is not installed: `make bench-anchors` installs "
+                              "llama-cpp-python (a source build, ~10 minutes)")
+    if model in (None, "", BUNDLED):
+        gguf = bundled_gguf_path()
+    elif str(model).lower().endswith(".gguf"):
+        gguf = Path(model).expanduser()
+    else:
+        if wanted:
+            raise BenchInputError(f"the llama.cpp methods need a GGUF file; {model} is not one")
+        return None
+    log(f"llama.cpp anchors on {gguf}")
+    return bench_llamacpp.LlamaCppAnchors.open(gguf, n_ctx)
 
 
 def prepare_prompts(generator, store, questions: Sequence[Question], max_new_tokens: int,

@@ -3,7 +3,9 @@ and the summary as a text table. Plain dicts in (the results object's "questions
 plain dicts and text out.
 
 speedup = a method's tokens_per_s over its baseline's on the same question (BASELINE: the engine
-methods over greedy, hf_pld over hf_greedy: each tool against its own plain decoding).
+methods over greedy, hf_pld over hf_greedy, llamacpp_pld over llamacpp: each tool against its
+own plain decoding). The ratios compare ragspec with what users would otherwise run, question by
+question, end to end: ragspec's tokens/s over llama.cpp's greedy and over transformers' generate.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ def _method_summary(entries: list[dict], method: str) -> dict:
         "min_speedup": min(speedups) if speedups else None,
         "median_decode_speedup": _median(decode),
         "median_tokens_per_s": _median([r["tokens_per_s"] for r in runs]),
+        "median_ttft_seconds": _median([r["ttft_seconds"] for r in runs]),
         "accept_rate": accept_rate,
         "mean_accepted_length": sum(a * n for a, n in histogram.items()) / steps if steps else None,
         "all_identical": all(r["identical_to_greedy"] for r in runs) if runs else None,
     }
+
+
+RATIOS = (("ragspec", "llamacpp"), ("ragspec", "hf_greedy"), ("greedy", "llamacpp"))
 
 
 def summarize(entries: list[dict], methods: Sequence[str] = METHODS) -> dict:
@@ -58,11 +64,27 @@ def summarize(entries: list[dict], methods: Sequence[str] = METHODS) -> dict:
     return summary
 
 
+def ratios(entries: list[dict], methods: Sequence[str]) -> dict:
+    """{KIND: {"A/B": {"median", "min"}}}: A's end-to-end tokens/s over B's, per question."""
+    out = {}
+    for kind in (*KINDS, "all"):
+        chosen = [e for e in entries if kind == "all" or e["kind"] == kind]
+        out[kind] = {}
+        for a, b in RATIOS:
+            if a in methods and b in methods:
+                values = [e["results"][a]["tokens_per_s"] / e["results"][b]["tokens_per_s"]
+                          for e in chosen if e["results"][b]["tokens_per_s"]]
+                out[kind][f"{a}/{b}"] = {"median": _median(values),
+                                         "min": min(values) if values else None}
+    return out
+
+
 def build_results(model: str, device: str, max_new_tokens: int, entries: list[dict],
                   repeats: int = 1) -> dict:
+    methods = list(entries[0]["results"]) if entries else list(METHODS)
     return {"model": model, "device": device, "max_new_tokens": max_new_tokens,
-            "repeats": repeats, "methods": list(METHODS), "questions": entries,
-            "summary": summarize(entries)}
+            "repeats": repeats, "methods": methods, "questions": entries,
+            "summary": summarize(entries, methods), "ratios": ratios(entries, methods)}
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:
@@ -74,8 +96,8 @@ def format_table(results: dict) -> str:
     counts = {k: sum(1 for e in results["questions"] if k == "all" or e["kind"] == k)
               for k in (*KINDS, "all")}
     header = ("| kind | method | median speedup | min speedup | median decode speedup "
-              "| median tok/s | accept rate | mean accepted | identical |")
-    lines = [header, "|" + "---|" * 9]
+              "| median tok/s | median first token | accept rate | mean accepted | identical |")
+    lines = [header, "|" + "---|" * 10]
     for kind, methods in results["summary"].items():
         if not counts[kind]:
             continue
@@ -85,6 +107,13 @@ def format_table(results: dict) -> str:
                 f"| {kind} (n={counts[kind]}) | {method} | {_fmt(s['median_speedup'], '.2f', '×')} "
                 f"| {_fmt(s['min_speedup'], '.2f', '×')} "
                 f"| {_fmt(s['median_decode_speedup'], '.2f', '×')} "
-                f"| {_fmt(s['median_tokens_per_s'], '.1f')} | {_fmt(s['accept_rate'], '.0%')} "
+                f"| {_fmt(s['median_tokens_per_s'], '.1f')} "
+                f"| {_fmt(s['median_ttft_seconds'], '.2f', ' s')} "
+                f"| {_fmt(s['accept_rate'], '.0%')} "
                 f"| {_fmt(s['mean_accepted_length'], '.2f')} | {ident} |")
+    for kind, pairs in results.get("ratios", {}).items():
+        for name, r in pairs.items():
+            if counts[kind] and r["median"] is not None:
+                lines.append(f"{kind}: {name} tokens/s median {r['median']:.2f}×, "
+                             f"min {r['min']:.2f}×")
     return "\n".join(lines)

@@ -19,6 +19,9 @@ takes). The kernel computes w = (q - 8)·scale + zero, so zero = min + 8·scale.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -126,3 +129,18 @@ def int4_token_limit(model: nn.Module) -> int | None:
     no Int4Linear). A verify forward longer than this would not match one-token steps."""
     limits = [m.max_int4_tokens for m in model.modules() if isinstance(m, Int4Linear)]
     return min(limits) if limits else None
+
+
+@contextmanager
+def fp32_weights(model: nn.Module) -> Iterator[None]:
+    """Every Int4Linear of `model` runs its fp32 weight inside the block: the model as it was
+    before quantize_linears (for a transformers baseline)."""
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    limits = [m.max_int4_tokens for m in layers]
+    for m in layers:
+        m.max_int4_tokens = 0
+    try:
+        yield
+    finally:
+        for m, limit in zip(layers, limits, strict=True):
+            m.max_int4_tokens = limit

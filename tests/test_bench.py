@@ -20,7 +20,7 @@ from decoding.engine import Generator
 RESULT_FIELDS = {"new_tokens", "seconds", "ttft_seconds", "tokens_per_s", "decode_tokens_per_s",
                  "forward_passes", "drafted_tokens", "accepted_tokens", "identical_to_greedy"}
 SUMMARY_FIELDS = {"median_speedup", "min_speedup", "median_decode_speedup", "median_tokens_per_s",
-                  "accept_rate", "mean_accepted_length", "all_identical"}
+                  "median_ttft_seconds", "accept_rate", "mean_accepted_length", "all_identical"}
 MAX_NEW = 16
 
 PROMPTS = [
@@ -63,7 +63,7 @@ def results(tiny_gen, prepared):
 def test_results_json_has_the_issue_schema(results):
     json.loads(json.dumps(results))  # serialisable as is
     assert set(results) == {"model", "device", "max_new_tokens", "repeats", "methods", "questions",
-                            "summary"}
+                            "summary", "ratios"}
     assert results["methods"] == ["greedy", "ragspec", "hf_greedy", "hf_pld", "oracle"]
     assert [q["id"] for q in results["questions"]] == ["c1", "c2", "o1"]
     for q in results["questions"]:
@@ -226,7 +226,7 @@ def cli_env(tmp_path, monkeypatch, tiny_gen, prepared):
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
     calls = {}
 
-    def fake_setup(model, corpus, index, questions, max_new_tokens):
+    def fake_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None):
         calls.update(model=model, corpus=corpus, index=index, max_new_tokens=max_new_tokens,
                      ids=[q.id for q in questions])
         return core.Setup("tiny", "cpu", tiny_gen, prepared[: len(questions)])
@@ -323,3 +323,60 @@ def test_transformers_baselines_run_with_stock_attention(tiny_gen, prepared, mon
     assert model.config._attn_implementation == NAME
     assert all(layer.self_attn.config._attn_implementation == NAME
                for layer in model.model.layers)
+
+
+class FakeLlama:
+    """Stands in for llama_cpp.Llama: writes the prompt's tokens again, one by one, and records
+    whether each run started from an empty cache."""
+
+    instances: list = []
+
+    def __init__(self, model_path, draft_model=None, **kwargs):
+        self.model_path, self.draft_model, self.kwargs = model_path, draft_model, kwargs
+        self.n_tokens = 0
+        self.fresh_starts = []
+        FakeLlama.instances.append(self)
+
+    def reset(self):
+        self.n_tokens = 0
+
+    def generate(self, tokens, **sampling):
+        assert sampling["temp"] == 0.0 and sampling["top_k"] == 1  # greedy
+        self.fresh_starts.append(self.n_tokens == 0)
+        self.n_tokens = len(tokens)
+        for token in tokens:
+            self.n_tokens += 1
+            yield token
+
+
+def test_llamacpp_anchors_run_beside_the_others(tiny_gen, prepared, monkeypatch, tmp_path):
+    import sys
+    import types
+
+    from app import bench_llamacpp
+
+    fake = types.ModuleType("llama_cpp")
+    fake.Llama = FakeLlama
+    speculative = types.ModuleType("llama_cpp.llama_speculative")
+    speculative.LlamaPromptLookupDecoding = lambda num_pred_tokens: ("pld", num_pred_tokens)
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
+    monkeypatch.setattr(bench_llamacpp, "available", lambda: True)
+    FakeLlama.instances = []
+    anchors = bench_llamacpp.LlamaCppAnchors.open(tmp_path / "m.gguf", n_ctx=256)
+    runner = core.Runner(tiny_gen, anchors=anchors)
+    assert runner.methods[-2:] == ("llamacpp", "llamacpp_pld")
+    entries = core.run_bench(runner, prepared[:2], 6, repeats=2)
+    results = summary.build_results("tiny", "cpu", 6, entries, repeats=2)
+    assert results["methods"][-2:] == ["llamacpp", "llamacpp_pld"]
+    for entry in entries:
+        run = entry["results"]["llamacpp"]
+        assert run["new_tokens"] == 6 and 0 < run["ttft_seconds"] <= run["seconds"]
+        assert entry["results"]["llamacpp_pld"]["identical_to_greedy"]  # vs llamacpp
+    plain, pld = FakeLlama.instances
+    assert pld.draft_model == ("pld", bench_llamacpp.PLD_TOKENS) and plain.draft_model is None
+    assert all(plain.fresh_starts) and all(pld.fresh_starts)  # no prefix reuse between runs
+    assert len(plain.fresh_starts) == 1 + 2 * 2  # warm-up, then 2 questions x 2 repeats
+    ratio = results["ratios"]["all"]["ragspec/llamacpp"]
+    assert ratio["median"] > 0 and ratio["min"] <= ratio["median"]
+    assert "ragspec/llamacpp tokens/s median" in summary.format_table(results)

@@ -18,14 +18,15 @@ from app import bench as core
 from app import bench_summary as summary
 
 
-def build_setup(model, corpus, index, questions, max_new_tokens) -> core.Setup:
+def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) -> core.Setup:
     """app.bench.build_setup with errors as one clear line (tests replace this)."""
     from decoding.model import ModelNotFound
     from retrieval.errors import RetrievalError
 
     try:
         return core.build_setup(model, corpus, index, questions, max_new_tokens,
-                                log=lambda message: click.echo(message, err=True))
+                                log=lambda message: click.echo(message, err=True),
+                                llamacpp=llamacpp)
     except (ModelNotFound, RetrievalError, core.BenchInputError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -56,24 +57,29 @@ def build_setup(model, corpus, index, questions, max_new_tokens) -> core.Setup:
               metavar="N",
               help="Run every method N times per question and keep each one's fastest run "
                    "(steadier numbers on a shared machine; N times as long).")
+@click.option("--llamacpp/--no-llamacpp", default=None,
+              help="Also run llama.cpp on the same GGUF file (llamacpp, llamacpp_pld); default: "
+                   "when llama-cpp-python is installed (`make bench-anchors`) and the model "
+                   "comes from a GGUF file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
 def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
           limit: int | None, index: str | None, out: str | None, plot_path: str | None,
-          repeats: int, as_json: bool) -> None:
+          repeats: int, llamacpp: bool | None, as_json: bool) -> None:
     """Benchmark ragspec against greedy decoding, transformers' prompt lookup and an oracle.
 
     Ingests DIR, builds each question's prompt with the real pipeline, then runs on every
     question, interleaved and after a warm-up: greedy (the engine, no speculation), ragspec,
-    hf_greedy (model.generate, transformers' own attention), hf_pld (model.generate with
-    prompt_lookup_num_tokens=10) and oracle (the engine drafting the true greedy continuation).
-    Speedups are tokens/s (prefill included) over greedy's on the same question; hf_pld's is
-    over hf_greedy's.
+    hf_greedy (model.generate as transformers runs it: fp32, its own attention), hf_pld
+    (model.generate with prompt_lookup_num_tokens=10), oracle (the engine drafting the true
+    greedy continuation) and, with llama-cpp-python installed, llamacpp and llamacpp_pld (the
+    same GGUF file). Speedups are tokens/s (prefill included) over each tool's own greedy on the
+    same question; the ratios compare ragspec with llama.cpp and transformers directly.
     """
     try:
         questions = core.load_questions(questions_file, limit)
     except core.BenchInputError as exc:
         raise click.ClickException(str(exc)) from exc
-    setup = build_setup(model, corpus, index, questions, max_new_tokens)
+    setup = build_setup(model, corpus, index, questions, max_new_tokens, llamacpp)
     for failure in setup.failures:
         click.echo(f"warning: {failure}", err=True)
     if not setup.prepared:
@@ -89,8 +95,8 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
 
 
 def _run_with_progress(setup: core.Setup, max_new_tokens: int, repeats: int) -> list[dict]:
-    runner = core.Runner(setup.generator)
-    total = len(setup.prepared) * len(core.METHODS) * repeats
+    runner = core.Runner(setup.generator, anchors=setup.anchors)
+    total = len(setup.prepared) * len(runner.methods) * repeats
     with click.progressbar(length=total, label="Benchmarking", show_pos=True, show_eta=True,
                            item_show_func=lambda item: item,
                            file=click.get_text_stream("stderr")) as bar:

@@ -1,0 +1,71 @@
+"""llama.cpp as a benchmark anchor: what a CPU user runs today (directly, or through Ollama).
+
+Methods (greedy, same GGUF file, same prompt token ids, same stop tokens, same clock):
+    llamacpp      llama-cpp-python's own generation loop with a greedy sampler;
+    llamacpp_pld  the same with its prompt-lookup drafter (LlamaPromptLookupDecoding, 10 tokens).
+
+Contract: `LlamaCppAnchors.open(gguf, n_ctx)` returns None when llama_cpp is not importable (it
+is a benchmark extra: `make bench-anchors`), so a benchmark without it runs the other methods.
+Each run starts from an empty KV cache (`reset()`): llama-cpp-python would otherwise reuse the
+cached prefix of the previous, identical prompt and skip the prefill it is timed on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+LLAMACPP_METHODS = ("llamacpp", "llamacpp_pld")
+PLD_TOKENS = 10
+
+
+def available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+class LlamaCppAnchors:
+    """Two llama.cpp contexts over one GGUF file: plain greedy, and with prompt lookup."""
+
+    def __init__(self, llms: dict, path: Path, threads: int):
+        self._llms = llms
+        self.path = path
+        self.threads = threads
+
+    @classmethod
+    def open(cls, gguf: str | os.PathLike, n_ctx: int, threads: int | None = None,
+             pld_tokens: int = PLD_TOKENS) -> LlamaCppAnchors | None:
+        if not available():
+            return None
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        threads = threads or len(os.sched_getaffinity(0))
+        common = dict(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads,
+                      n_threads_batch=threads, verbose=False)
+        llms = {
+            "llamacpp": Llama(**common),
+            "llamacpp_pld": Llama(**common, draft_model=LlamaPromptLookupDecoding(
+                num_pred_tokens=pld_tokens)),
+        }
+        return cls(llms, Path(gguf), threads)
+
+    def generate(self, method: str, prompt_ids: Sequence[int], max_new_tokens: int,
+                 eos_ids: set[int]) -> tuple[list[int], float, float]:
+        """(token ids, seconds, seconds to the first token) of one greedy generation."""
+        llm = self._llms[method]
+        llm.reset()  # no prefix reuse from the previous run (see the module docstring)
+        tokens: list[int] = []
+        start = time.perf_counter()
+        ttft = None
+        for token in llm.generate(list(prompt_ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                  repeat_penalty=1.0, reset=True):
+            if ttft is None:
+                ttft = time.perf_counter() - start
+            tokens.append(int(token))
+            if token in eos_ids or len(tokens) >= max_new_tokens:
+                break
+        seconds = time.perf_counter() - start
+        return tokens, seconds, ttft if ttft is not None else seconds
