@@ -17,6 +17,7 @@ One step, with the KV cache holding every token but the last:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 
@@ -41,8 +42,11 @@ class Generator:
     """Speculative n-gram generation over one loaded causal LM (not thread-safe: one at a time)."""
 
     def __init__(self, model, tokenizer, *, eos_token_ids: Sequence[int] = (),
-                 cost: ForwardCost | None = None):
+                 cost: ForwardCost | None = None, speculation_off_reason: str | None = None):
         self.model = model
+        # Set for models whose cache cannot be rolled back (decoding.model): every stream then
+        # decodes without drafts, whatever its DraftConfig says.
+        self.speculation_off_reason = speculation_off_reason
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
@@ -54,7 +58,7 @@ class Generator:
     @classmethod
     def from_loaded(cls, loaded, cost: ForwardCost | None = None) -> Generator:
         return cls(loaded.model, loaded.tokenizer, eos_token_ids=sorted(loaded.eos_token_ids),
-                   cost=cost)
+                   cost=cost, speculation_off_reason=loaded.speculation_off_reason)
 
     @property
     def context_length(self) -> int:
@@ -83,6 +87,10 @@ class Generator:
                 f"the model's context of {self.context_length} tokens; shorten the prompt or lower "
                 f"max_new_tokens"
             )
+        if self.speculation_off_reason and config.draft.enabled:
+            config = dataclasses.replace(
+                config, draft=dataclasses.replace(config.draft, enabled=False))
+            forced_drafts = None
         return GenerationStream(self, prompt, config, tuple(sources), forced_drafts)
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
@@ -173,7 +181,7 @@ class GenerationStream:
         sampling = cfg.sampling
         rng = None
         if not sampling.greedy:
-            rng = torch.Generator(device="cpu")
+            rng = torch.Generator(device=gen.device)  # draws happen where the logits are
             rng.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns()))
         policy = gen.policy_for(cfg) if cfg.draft.enabled and self.forced is None else None
 
@@ -219,7 +227,8 @@ class GenerationStream:
                 accepted, token = accept_greedy(logits, draft)
             else:
                 accepted, token = accept_sampled(logits, draft, sampling, rng)
-            crop_cache(cache, past + 1 + accepted)
+            if accepted < len(draft):  # only a rejection leaves positions to drop
+                crop_cache(cache, past + 1 + accepted)
             if policy is not None and draft:
                 policy.observe(match, len(draft), accepted)
 
