@@ -22,14 +22,24 @@ def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
 def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
                    max_draft: int = 16, *, device: str | None = None, exact: bool = False):
     """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2)."""
-    from decoding.calibrate import load_or_measure
-    from decoding.engine import Generator
     from decoding.model import load_model
 
     cache = model_cache_dir(cache_dir)
     loaded = load_model(model, cache, device=device, exact=exact)
-    cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, max_draft + 1, cache)
-    return loaded, Generator.from_loaded(loaded, cost=cost)
+    return loaded, generator_for(loaded, cache, max_draft)
+
+
+def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16):
+    """The Generator for a LoadedModel, with this machine's forward-cost curve (measured on the
+    first use of this model, device and dtype; cached in the model cache)."""
+    from decoding.calibrate import load_or_measure
+    from decoding.engine import Generator
+
+    cost = None  # a model that cannot speculate never uses the curve (nor could measure it)
+    if loaded.speculation_off_reason is None:
+        cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, max_draft + 1,
+                               model_cache_dir(cache_dir))
+    return Generator.from_loaded(loaded, cost=cost)
 
 
 def describe_device(loaded) -> str:
