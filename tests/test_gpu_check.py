@@ -40,7 +40,7 @@ def test_every_section_runs_without_error(report):
 @pytest.mark.slow
 def test_cpu_fp32_is_identical_to_generate_with_and_without_speculation(report):
     identity = report["identity_exact"]
-    assert identity["prompts"] == identity["of_prompts"] >= 2
+    assert identity["prompts"] == identity["of_prompts"] >= 1
     assert identity["all_identical"], identity["differing"]
     divergence = report["divergence"]
     assert divergence["dtype"] == "torch.float32" and divergence["prompts"] >= 2
