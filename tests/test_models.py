@@ -152,6 +152,23 @@ def test_a_cached_hub_id_loads_offline_and_a_base_model_generates_without_a_temp
     assert out["token_ids"] == hf_greedy(tiny_model, out["prompt_token_ids"], 10)
 
 
+def test_ask_with_a_cached_hub_id_answers_offline(hub_cache, run, tmp_path):
+    from retrieval.embeddings import Embedder
+    from retrieval.ingest import ingest_paths
+    from retrieval.store import PassageStore
+
+    doc = tmp_path / "metrics.txt"
+    doc.write_text("The metrics endpoint listens on port 7432 and serves /metrics only.\n")
+    report = ingest_paths([doc], PassageStore.open(tmp_path / "home" / "index", Embedder()))
+    assert report.ok, report.failed
+    res = run("ask", "Which port?", "--model", "tiny-org/tiny-base", "--max-new-tokens", "12",
+              "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["model"] == "tiny-org/tiny-base" and out["answer"]["stats"]["new_tokens"] >= 1
+    assert "7432" in out["passages"][0]["text"]
+
+
 def test_a_hub_id_not_in_the_cache_says_to_pull_it(hub_cache, run, tmp_path):
     with pytest.raises(ModelNotFound, match="run: ragspec pull tiny-org/elsewhere"):
         load_model("tiny-org/elsewhere", tmp_path / "cache")
