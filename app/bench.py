@@ -24,6 +24,7 @@ for llamacpp_pld with llamacpp's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -177,9 +178,13 @@ class Runner:
     """Runs one method on one prompt with a shared Generator (its model serves the HF methods)."""
 
     def __init__(self, generator, draft: DraftConfig | None = None, pld_tokens: int = PLD_TOKENS,
-                 anchors=None):
-        """anchors: an app.bench_llamacpp.LlamaCppAnchors, to run the llama.cpp methods too."""
+                 anchors=None, stock: bool = True):
+        """anchors: an app.bench_llamacpp.LlamaCppAnchors, to run the llama.cpp methods too.
+        stock: run hf_greedy/hf_pld as transformers runs the model (fp32, sdpa); False runs
+            model.generate on the model exactly as the engine runs it (ragspec's attention and
+            4-bit layers): the reference of the engine's greedy identity."""
         self.gen = generator
+        self.stock = stock
         self.draft = draft or DraftConfig()
         self.pld_tokens = pld_tokens
         self.anchors = anchors
@@ -228,7 +233,7 @@ class Runner:
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=gen.device)
         eos = sorted(gen.eos_token_ids)
         pad = getattr(gen.tokenizer, "pad_token_id", None)
-        with stock_transformers(model):
+        with stock_transformers(model) if self.stock else contextlib.nullcontext():
             start = time.perf_counter()
             timer = _first_token_timer(start)
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,

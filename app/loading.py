@@ -27,12 +27,24 @@ def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
 def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
                    max_draft: int = 16, *, device: str | None = None, exact: bool = False):
     """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2)."""
-    from decoding.calibrate import load_or_measure, measure_and_save
-    from decoding.engine import Generator
     from decoding.model import load_model
 
     cache = model_cache_dir(cache_dir)
     loaded = load_model(model, cache, device=device, exact=exact)
+    return loaded, generator_for(loaded, cache, max_draft)
+
+
+def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16):
+    """The Generator for a LoadedModel, with this machine's forward-cost curve (measured on the
+    first use of this model, device and dtype; cached in the model cache, measured again when
+    live step times disagree with it)."""
+    from decoding.calibrate import load_or_measure, measure_and_save
+    from decoding.engine import Generator
+
+    if loaded.speculation_off_reason is not None:
+        # a model that cannot speculate never uses the curve (nor could measure it)
+        return Generator.from_loaded(loaded)
+    cache = model_cache_dir(cache_dir)
     sizes = max_draft + 1
     cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, sizes, cache)
 
@@ -40,7 +52,7 @@ def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None
         fresh = measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes, cache)
         return None if fresh.noisy else fresh.cost
 
-    return loaded, Generator.from_loaded(loaded, cost=cost, recalibrate=recalibrate)
+    return Generator.from_loaded(loaded, cost=cost, recalibrate=recalibrate)
 
 
 def describe_device(loaded) -> str:

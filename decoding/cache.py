@@ -1,26 +1,57 @@
-"""A KV cache that grows in place, so a decode step does not copy the whole cache.
+"""KV cache layers that grow in place and roll back after a rejected draft.
 
-transformers' DynamicLayer appends each step's keys and values with torch.cat: every forward
-copies every layer's whole cache (for SmolLM2-135M at a 965-token context, ~44 MB per forward;
-measured here ~9 ms of a 75 ms one-token forward and ~20 ms of a 9-token verify forward).
-GrowingLayer keeps one buffer per layer with spare room, writes the new positions into it and
-hands attention a view of the filled part. Cropping after a rejected draft only moves the fill
-mark. The attention sees the same keys and values, so the logits are the same.
+Contract: `new_cache(model)` returns a transformers DynamicCache in which every layer the engine
+may have to crop is one of ours; `crop_cache(cache, length)` keeps the first `length` positions
+(the engine only ever removes positions written by the last forward). The attention sees the
+same keys and values as with transformers' own layers, so the logits are the same.
+`rollback_problem(model)` says, before anything runs, why a model's cache cannot be cropped
+(recurrent or state-space layers); None when it can. `takes_cache(model)` is False for a model
+whose forward takes no KV cache at all (it cannot be driven step by step).
 
-Only plain full-attention layers are replaced; sliding-window and other layer kinds keep
-transformers' own class.
+Full attention (GrowingLayer). transformers' DynamicLayer appends each step's keys and values
+with torch.cat: every forward copies every layer's whole cache (for SmolLM2-135M at a 965-token
+context, ~44 MB per forward; measured ~9 ms of a 75 ms one-token forward and ~20 ms of a 9-token
+verify forward). GrowingLayer keeps one buffer per layer with spare room, writes the new
+positions into it and hands attention a view of the filled part. Cropping only moves the fill
+mark.
+
+Sliding window (SlidingLayer). transformers' DynamicSlidingWindowLayer keeps only the last
+window - 1 positions, so once the sequence is longer than the window a crop cannot bring back
+what a rollback needs, and it refuses. SlidingLayer keeps the same visible part (its mask sizes
+are transformers' own) but writes into a buffer with room for `window - 1 + spare` positions and
+discards old positions only when it runs out of room, after any crop: a rollback of the last
+forward's positions always finds the window - 1 positions before them still there. Old
+positions are dropped by copying the window's tail to a fresh, smaller buffer, so memory stays
+bounded by the window (plus the longest forward) however long the text gets.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-_SPARE = 256  # positions of room added beyond what is needed when a buffer grows
+_SPARE = 256  # positions of room added beyond what is needed when a buffer is (re)allocated
 
 
-class GrowingLayer(DynamicLayer):
+def _buffer(like: torch.Tensor, size: int) -> torch.Tensor:
+    """An uninitialised (batch, heads, size, head_dim) buffer shaped, typed and placed as `like`."""
+    return torch.empty((*like.shape[:-2], size, like.shape[-1]), dtype=like.dtype, device=like.device)
+
+
+class _OneSequence:
+    """Batch reshuffles (beam search) are not ragspec's: it generates one sequence at a time."""
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("ragspec generates one sequence at a time")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("ragspec generates one sequence at a time")
+
+
+class GrowingLayer(_OneSequence, DynamicLayer):
     """DynamicLayer whose keys/values are views of a buffer that doubles when full."""
 
     def __init__(self, **kwargs):
@@ -36,8 +67,7 @@ class GrowingLayer(DynamicLayer):
         size = max(needed + _SPARE, 2 * capacity)
 
         def grown(buf, like):
-            shape = (*like.shape[:-2], size, like.shape[-1])
-            new = torch.empty(shape, dtype=like.dtype, device=like.device)
+            new = _buffer(like, size)
             if buf is not None and self._length:
                 new[..., : self._length, :].copy_(buf[..., : self._length, :])
             return new
@@ -77,25 +107,132 @@ class GrowingLayer(DynamicLayer):
         self._key_buf = self._value_buf = None
         self._length = 0
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("ragspec generates one sequence at a time")
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("ragspec generates one sequence at a time")
+class SlidingLayer(_OneSequence, DynamicSlidingWindowLayer):
+    """A sliding-window layer that can be cropped after the window has been passed.
+
+    Positions are absolute: the buffer holds positions [_first, cumulative_length), at buffer
+    index (position - _first). What attention sees (and `keys`/`values` show) is exactly what
+    transformers' layer keeps: the last min(length, window - 1) positions, plus the new ones
+    during an update.
+    """
+
+    def __init__(self, sliding_window: int, **kwargs):
+        super().__init__(sliding_window=sliding_window, **kwargs)
+        self._key_buf: torch.Tensor | None = None
+        self._value_buf: torch.Tensor | None = None
+        self._first = 0
+
+    def _kept(self, length: int) -> int:
+        """First position the next forward must still see when `length` positions precede it."""
+        return length - min(length, self.sliding_window - 1)
+
+    def _make_room(self, new: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        end = self.cumulative_length + new
+        capacity = 0 if self._key_buf is None else self._key_buf.shape[-2]
+        if end - self._first <= capacity:
+            return
+        # Out of room: keep only the positions the next forward sees, in a buffer sized for
+        # the window plus this forward plus spare room, so old positions are really freed.
+        keep_from = self._kept(self.cumulative_length)
+        kept = self.cumulative_length - keep_from
+        size = kept + new + max(_SPARE, self.sliding_window)
+        key_buf, value_buf = _buffer(key_states, size), _buffer(value_states, size)
+        if kept:
+            lo = keep_from - self._first
+            key_buf[..., :kept, :].copy_(self._key_buf[..., lo : lo + kept, :])
+            value_buf[..., :kept, :].copy_(self._value_buf[..., lo : lo + kept, :])
+        self._key_buf, self._value_buf, self._first = key_buf, value_buf, keep_from
+
+    def _view(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = start - self._first, self.cumulative_length - self._first
+        return self._key_buf[..., lo:hi, :], self._value_buf[..., lo:hi, :]
+
+    def _publish(self) -> None:
+        if self._key_buf is not None:
+            self.keys, self.values = self._view(self._kept(self.cumulative_length))
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        visible_from = self._kept(self.cumulative_length)  # as get_mask_sizes promised
+        new = key_states.shape[-2]
+        self._make_room(new, key_states, value_states)
+        at = self.cumulative_length - self._first
+        self._key_buf[..., at : at + new, :].copy_(key_states)
+        self._value_buf[..., at : at + new, :].copy_(value_states)
+        self.cumulative_length += new
+        out = self._view(visible_from)
+        self._publish()
+        return out
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count of positions to remove")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return
+        length = max(0, self.cumulative_length + tokens_to_remove)
+        if self._kept(length) < self._first:
+            raise ValueError(
+                f"cannot roll a sliding-window layer back to {length} positions: only positions "
+                f"from {self._first} on are kept (window {self.sliding_window})"
+            )
+        self.cumulative_length = length
+        self._publish()
+
+    def reset(self) -> None:
+        super().reset()
+        self._key_buf = self._value_buf = None
+        self._first = 0
+        self.cumulative_length = 0
+
+
+def _ours(layer):
+    """Our replacement for one of transformers' layers; other kinds are kept as they are."""
+    if type(layer) is DynamicLayer:
+        return GrowingLayer()
+    if type(layer) is DynamicSlidingWindowLayer:
+        return SlidingLayer(sliding_window=layer.sliding_window)
+    return layer
 
 
 def new_cache(model) -> DynamicCache:
-    """A DynamicCache for `model` whose full-attention layers grow in place."""
+    """A DynamicCache for `model` whose full-attention and sliding-window layers are ours."""
     try:
         cache = DynamicCache(config=model.config)
     except TypeError:
         cache = DynamicCache()
     if cache.layers:
-        cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer
-                        for layer in cache.layers]
+        cache.layers = [_ours(layer) for layer in cache.layers]
     else:
         cache.layer_class_to_replicate = GrowingLayer
     return cache
+
+
+def takes_cache(model) -> bool:
+    """True when the model's forward takes a KV cache, so it can be driven step by step."""
+    return "cache" in inspect.signature(model.forward).parameters
+
+
+def rollback_problem(model) -> str | None:
+    """Why this model's cache cannot be rolled back after a rejected draft, or None if it can.
+
+    Recurrent and state-space layers (Mamba, hybrid models) fold every token into a state that
+    a crop cannot undo. Only our own layers and layers transformers marks croppable pass.
+    """
+    kind = getattr(model.config, "model_type", type(model).__name__)
+    try:
+        layers = new_cache(model).layers
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        # a config whose layer kinds transformers' DynamicCache cannot build
+        return f"{kind}: its cache layers cannot be built ({exc.__class__.__name__})"
+    blocking = sorted({type(layer).__name__ for layer in layers
+                       if not isinstance(layer, (GrowingLayer, SlidingLayer))
+                       and not getattr(layer, "is_croppable", False)})
+    if blocking:
+        return f"{kind}: recurrent or state-space layers, {', '.join(blocking)}"
+    return None
 
 
 def crop_cache(cache, length: int) -> None:

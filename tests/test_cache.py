@@ -1,12 +1,13 @@
-"""The in-place KV cache: same logits as transformers' DynamicCache through prefill, verify
-forwards, crops and buffer growth; cropping only moves the fill mark."""
+"""The KV cache layers: the in-place layer gives the same logits as transformers' DynamicCache
+through prefill, verify forwards, crops and buffer growth (cropping only moves the fill mark); the
+sliding-window layer shows exactly the window and can be rolled back after the window has passed."""
 
 import pytest
 import torch
 from transformers import DynamicCache
 
 from decoding import cache as kv
-from decoding.cache import GrowingLayer, crop_cache, new_cache
+from decoding.cache import GrowingLayer, SlidingLayer, crop_cache, new_cache
 
 
 @torch.inference_mode()
@@ -51,3 +52,50 @@ def test_crop_keeps_the_buffer_and_later_writes_overwrite():
     assert torch.equal(values, torch.cat([-first[:, :, :2], new], dim=2))
     with pytest.raises(ValueError):
         layer.crop(2)
+
+
+def _kv(start: int, n: int) -> torch.Tensor:
+    """(1, 1, n, 2) keys whose values name their absolute positions start..start+n-1."""
+    pos = torch.arange(start, start + n, dtype=torch.float32)
+    return torch.stack([pos, -pos], dim=-1).view(1, 1, n, 2)
+
+
+def test_sliding_layer_shows_the_window_and_rolls_back_past_it(monkeypatch):
+    monkeypatch.setattr(kv, "_SPARE", 2)
+    window = 5
+    layer = SlidingLayer(sliding_window=window)
+    keys, _ = layer.update(_kv(0, 9), _kv(0, 9))  # prefill longer than the window
+    assert torch.equal(keys, _kv(0, 9))  # the prefill itself sees all of its positions
+    assert torch.equal(layer.keys, _kv(5, 4))  # window - 1 kept for the next step
+    length = 9
+    for step in range(30):
+        new = 1 + step % 6
+        assert layer.get_mask_sizes(new) == (window - 1 + new, length - window + 1)
+        keys, _ = layer.update(_kv(length, new), _kv(length, new))
+        assert torch.equal(keys, _kv(length - window + 1, window - 1 + new))
+        keep = step % (new + 1)  # reject the rest of this forward
+        layer.crop(keep - new)
+        length += keep
+        assert layer.get_seq_length() == length
+        assert torch.equal(layer.keys, _kv(length - window + 1, window - 1))
+    # old positions are freed: the buffer never holds more than window + forward + spare
+    assert layer._key_buf.shape[-2] <= window + 6 + max(kv._SPARE, window)
+
+
+def test_sliding_layer_refuses_a_rollback_into_positions_it_dropped(monkeypatch):
+    monkeypatch.setattr(kv, "_SPARE", 1)
+    layer = SlidingLayer(sliding_window=3)
+    for start in range(0, 40, 2):
+        layer.update(_kv(start, 2), _kv(start, 2))
+    with pytest.raises(ValueError, match="cannot roll a sliding-window layer back"):
+        layer.crop(-30)
+    layer.crop(-2)  # the last forward's positions: always possible
+    assert layer.get_seq_length() == 38
+
+
+def test_new_cache_replaces_sliding_layers_only_where_the_config_slides(tiny_tokenizer):
+    from conftest import make_family_model
+
+    model = make_family_model("gemma2", len(tiny_tokenizer))
+    kinds = [type(layer) for layer in new_cache(model).layers]
+    assert kinds == [SlidingLayer, GrowingLayer]

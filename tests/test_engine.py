@@ -283,7 +283,7 @@ def test_a_wrong_accept_rule_fails_the_distribution_check(tiny_tokenizer, monkey
 
 def test_stop_ends_the_stream_at_the_next_step_and_keeps_what_was_written(tiny_model, tiny_tokenizer):
     gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
-    prompt = [5, 6, 7, 8] * 5
+    prompt = [9, 10, 11, 12, 13] * 6
     full = gen.generate(prompt, GenerationConfig(max_new_tokens=40, draft=DraftConfig(enabled=False)))
     stream = gen.stream(prompt, GenerationConfig(max_new_tokens=40, draft=DraftConfig(enabled=False)))
     seen = []

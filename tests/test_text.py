@@ -143,7 +143,7 @@ def run_steps(steps, stops=(), done_at_end=True):
     for number, step in enumerate(steps):
         hit = False
         for char, origin in step:
-            hit = text.push(char_ids(char)[0], origin)
+            hit = text.push(char_ids(char)[0], origin is not None, origin)
             if hit:
                 break
         spans += text.flush(done=hit or (done_at_end and number == len(steps) - 1))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import click
 
 from app import paths
+from app.terminal import printable
 
 # Only the (dependency-free) error classes at import time: LangChain, FAISS and torch load when a
 # command runs, so `ragspec --help` stays fast.
@@ -77,20 +78,30 @@ def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_ad
 
 def generator_from_options(model_spec: str | None, device: str | None = None, exact: bool = False,
                    max_draft: int = 16, quiet: bool = False):
-    """app.loading.load_generator with progress notes on stderr and errors as one clear line."""
-    from app.loading import load_generator as load
+    """Load as app.loading.load_generator does, with progress notes on stderr and errors as one
+    clear line.
+    A model that cannot speculate (its layers cannot be rolled back) is said so once."""
+    from app.loading import generator_for
     from decoding.calibrate import COSTS_FILE
-    from decoding.model import BUNDLED, ModelNotFound, is_converted
+    from decoding.model import BUNDLED, ModelNotFound, load_model
 
     cache = paths.models_dir()
-    if not quiet and model_spec in (None, "", BUNDLED) and not is_converted(cache):
-        click.echo("Converting the bundled model once (about 30 s)...", err=True)
-    if not quiet and not (cache / COSTS_FILE).is_file():
-        click.echo("Measuring this machine's forward cost once (a few seconds)...", err=True)
+
+    def converting(gguf) -> None:
+        if not quiet:
+            what = "the bundled model" if model_spec in (None, "", BUNDLED) else str(gguf)
+            click.echo(f"Converting {printable(what)} once (tens of seconds, longer for large "
+                       f"files)...", err=True)
+
     try:
-        return load(model_spec, cache, max_draft, device=device, exact=exact)
+        loaded = load_model(model_spec, cache, device=device, exact=exact, on_convert=converting)
     except ModelNotFound as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(printable(str(exc))) from exc
+    if not quiet and loaded.speculation_note:
+        click.echo(loaded.speculation_note, err=True)
+    elif not quiet and not (cache / COSTS_FILE).is_file():
+        click.echo("Measuring this machine's forward cost once (a few seconds)...", err=True)
+    return loaded, generator_for(loaded, cache, max_draft)
 
 
 def open_store(index: str | None, *, with_embedder: bool = True,

@@ -1,0 +1,72 @@
+"""scripts/gpu_check.py end to end on the CPU (tiny limits), so it cannot rot before a GPU run:
+one JSON object, every section present and free of errors, and on the CPU (fp32) the engine
+agrees with model.generate everywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import MODEL_CACHE, REPO
+
+SCRIPT = REPO / "scripts" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    home = tmp_path_factory.mktemp("gpu-check-home")
+    # OMP_WAIT_POLICY: on a busy 2-core machine torch's spinning threads made this run ~8x slower
+    # (measured 7.5 min against 1.6 min at a load average of 8); on an idle one it changes little.
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "RAGSPEC_HOME": str(home),
+           "RAGSPEC_MODEL_CACHE": str(MODEL_CACHE), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu"], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)  # the whole stdout is one JSON object
+
+
+@pytest.mark.slow
+def test_every_section_runs_without_error(report):
+    sections = ("environment", "identity_exact", "divergence", "sampling", "faiss", "speed")
+    for name in sections:
+        assert "error" not in report[name], f"{name}: {report[name].get('error')}"
+    assert "error" not in report["speed"]["bundled"], report["speed"]["bundled"].get("error")
+
+
+@pytest.mark.slow
+def test_cpu_fp32_is_identical_to_generate_with_and_without_speculation(report):
+    identity = report["identity_exact"]
+    assert identity["prompts"] == identity["of_prompts"] >= 1
+    assert identity["all_identical"], identity["differing"]
+    divergence = report["divergence"]
+    assert divergence["dtype"] == "torch.float32" and divergence["prompts"] >= 2
+    assert divergence["rate_vs_generate"] == divergence["rate_vs_no_speculation"] == 0.0
+
+
+@pytest.mark.slow
+def test_speed_table_sampling_and_faiss_report_what_they_measured(report):
+    from app.bench import METHODS
+
+    table = report["speed"]["bundled"]
+    assert table["prompts"] >= 1 and set(table["methods"]) == set(METHODS)
+    assert all(m["median_tokens_per_s"] > 0 for m in table["methods"].values())
+    sampling = report["sampling"]
+    assert sampling["same_seed_same_output"] and sampling["in_vocabulary"]
+    assert sampling["device"] == "cpu"
+    assert "skipped" in report["faiss"] or report["faiss"]["all_same"]
+
+
+def test_a_failing_section_reports_its_error_and_the_rest_still_run():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+
+    result = gpu_check.run_section(lambda: {}["missing"])
+    assert result["error"].startswith("KeyError") and "seconds" in result
+    assert gpu_check.run_section(lambda: {"ok": True})["ok"] is True
