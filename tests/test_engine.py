@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import replace
 
@@ -20,15 +21,14 @@ from decoding.types import (
 
 
 def hf_greedy(model, prompt, max_new_tokens, eos=None):
-    kwargs = {} if eos is None else {"eos_token_id": eos}
+    """transformers' greedy tokens: ``eos`` None keeps the model's EOS, ``()`` has none."""
+    config = copy.deepcopy(model.generation_config)
+    config.do_sample, config.max_new_tokens = False, max_new_tokens
+    if eos is not None:
+        config.eos_token_id = eos or None
     with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            **kwargs,
-        )
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             generation_config=config)
     return out[0, len(prompt) :].tolist()
 
 
@@ -99,13 +99,12 @@ def test_spans_reassemble_output_and_drafts_copy_their_origin(tiny_model, tiny_t
 
 @pytest.mark.parametrize("limit", [1, 2, 5, 17])
 def test_never_generates_past_max_new_tokens(tiny_model, tiny_tokenizer, limit):
-    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[-1])  # the limit ends it
     prompt = [9, 10, 11, 12, 13] * 6
-    assert 2 not in hf_greedy(tiny_model, prompt, limit)  # the limit, not an EOS, ends it
     cfg = GenerationConfig(max_new_tokens=limit, draft=DraftConfig(adaptive=False))
     result = gen.generate(prompt, cfg)
     assert len(result.token_ids) == limit and result.stats.stop_reason == "max_new_tokens"
-    assert result.token_ids == hf_greedy(tiny_model, prompt, limit)
+    assert result.token_ids == hf_greedy(tiny_model, prompt, limit, eos=())
 
 
 def test_stops_at_eos_like_transformers(tiny_model, tiny_tokenizer):
@@ -318,16 +317,16 @@ def test_held_back_stop_prefix_keeps_the_kind_of_the_tokens_that_wrote_it(tiny_m
 
 def test_drafts_accepted_after_eos_are_not_counted(tiny_model, tiny_tokenizer):
     prompt = [9, 10, 11, 12, 13] * 6
-    free = hf_greedy(tiny_model, prompt, 40)
-    eos = free[7]
-    assert free.index(eos) == 7
-    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[eos])
+    free = hf_greedy(tiny_model, prompt, 40, eos=())
+    # the EOS: the first token from the fourth on that the model has not written before
+    cut = next(i for i in range(3, 16) if free[i] not in free[:i])
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[free[cut]])
     # the forced draft runs past the EOS: the model accepts all 16, the output ends at the EOS
     result = gen.generate(prompt, GenerationConfig(max_new_tokens=40, draft=DraftConfig(max_draft=16)),
                           forced_drafts=free)
-    assert result.token_ids == free[:8] and result.stats.stop_reason == "eos"
+    assert result.token_ids == free[:cut + 1] and result.stats.stop_reason == "eos"
     s = result.stats
     kept = sum(len(sp.token_ids) for sp in result.spans if sp.drafted)
-    assert s.accepted_tokens == kept == 7
-    assert s.accepted_lengths == {7: 1} and s.accepted_per_step == [7]
-    assert s.new_tokens == len(result.token_ids) == 8
+    assert s.accepted_tokens == kept == cut
+    assert s.accepted_lengths == {cut: 1} and s.accepted_per_step == [cut]
+    assert s.new_tokens == len(result.token_ids) == cut + 1
