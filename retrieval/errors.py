@@ -27,6 +27,10 @@ class IndexNotWritableError(RetrievalError):
     """The index directory cannot be written (permissions, read-only filesystem)."""
 
 
+class EmbedderUnavailableError(RetrievalError):
+    """The embedding model is not installed, incomplete, or cannot be loaded from local files."""
+
+
 class EmbedderMismatchError(RetrievalError):
     """The index was built with a different embedding model than the one opening it."""
 
