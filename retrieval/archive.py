@@ -18,7 +18,7 @@ import zipfile
 import zlib
 from collections.abc import Iterator
 
-from retrieval.errors import LoadError
+from retrieval.errors import LoadError, type_name
 from retrieval.limits import ENV_FOR, IngestLimits, MiB
 
 _BLOCK = 64 * 1024
@@ -70,7 +70,7 @@ def read_part(archive: zipfile.ZipFile, name: str, limits: IngestLimits) -> Iter
                     raise LoadError(f"{name} inflates past its declared size: a damaged archive")
                 yield block
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
-        raise LoadError(f"{name} inside the archive is damaged ({type(exc).__name__}: {exc})") from exc
+        raise LoadError(f"{name} inside the archive is damaged ({type_name(exc)}: {exc})") from exc
 
 
 def _check_part(info: zipfile.ZipInfo, limits: IngestLimits) -> None:

@@ -33,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 
-from retrieval.errors import LoadError, RetrievalError
+from retrieval.errors import LoadError, RetrievalError, type_name
 from retrieval.limits import ENV_FOR, IngestLimits
 from retrieval.loaders import SUPPORTED_SUFFIXES, load_bytes
 from retrieval.passages import PassageDraft, SplitConfig, split_documents
@@ -205,7 +205,7 @@ def _passages(data: bytes, path: Path, embedder: PassageEmbedder, limits: Ingest
         # Parsers of untrusted files fail in ways no one lists (XML ParseError, zlib.error,
         # AssertionError, RecursionError, MemoryError, ...). Whatever it is, it is this file's
         # failure, reported with its type; it must not stop the other files.
-        raise LoadError(f"cannot parse the file ({type(exc).__name__}: {exc})") from exc
+        raise LoadError(f"cannot parse the file ({type_name(exc)}: {exc})") from exc
     if not drafts:
         raise LoadError("no extractable text")
     return drafts

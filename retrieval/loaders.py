@@ -31,7 +31,7 @@ from pathlib import Path
 from langchain_core.documents import Document
 
 from retrieval.docx_text import docx_text
-from retrieval.errors import LoadError
+from retrieval.errors import LoadError, type_name
 from retrieval.html_text import html_text
 from retrieval.limits import ENV_FOR, IngestLimits, TextBuffer, too_many_chars
 
@@ -142,7 +142,7 @@ def _load_pdf(data: bytes, limits: IngestLimits) -> list[tuple[int, str]]:
     except Exception as exc:  # noqa: BLE001
         # pypdf raises many unrelated types on malformed files (ValueError, KeyError,
         # AttributeError, ...); any of them means "this PDF is broken", said in PDF terms.
-        raise LoadError(f"not a readable PDF (damaged?): {type(exc).__name__}: {exc}") from exc
+        raise LoadError(f"not a readable PDF (damaged?): {type_name(exc)}: {exc}") from exc
     if not any(text.strip() for _, text in pages):
         raise LoadError(
             f"no extractable text in {len(pages)} page(s): the PDF has no text layer "

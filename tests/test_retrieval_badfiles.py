@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 from pathlib import Path
+from xml.etree.ElementTree import ParseError
 
 import pytest
 from fakes import HashEmbedder, damaged_zip, docx_bomb_bytes, docx_bytes
@@ -72,22 +73,25 @@ def test_html_with_an_unknown_marked_section_is_read_as_a_browser_reads_it(tmp_p
     assert docs[0].page_content == "before after\n\nnext"
 
 
+@pytest.mark.parametrize("error, shown", [
+    (KeyError("a parser bug"), "KeyError: 'a parser bug'"),
+    (ParseError("mismatched tag"), "xml.etree.ElementTree.ParseError: mismatched tag"),
+])
 def test_an_unexpected_exception_in_a_parser_is_that_files_failure_with_its_type(
-    store, tmp_path, monkeypatch
+    store, tmp_path, monkeypatch, error, shown
 ):
     real = ingest_module.load_bytes
 
     def flaky(data, name, limits=None):
         if Path(name).name == "boom.txt":
-            raise KeyError("a parser bug")
+            raise error
         return real(data, name, limits)
 
     monkeypatch.setattr(ingest_module, "load_bytes", flaky)
     (tmp_path / "boom.txt").write_text("anything")
     (tmp_path / "fine.txt").write_text("Tickets are sold on board.")
     report = ingest_paths([tmp_path / "boom.txt", tmp_path / "fine.txt"], store)
-    assert report.failed == [(str(tmp_path / "boom.txt"),
-                              "cannot parse the file (KeyError: 'a parser bug')")]
+    assert report.failed == [(str(tmp_path / "boom.txt"), f"cannot parse the file ({shown})")]
     assert report.added == [str(tmp_path / "fine.txt")]
 
 
