@@ -15,8 +15,9 @@ for each draft `d` cut from document text `t`:
 How: walk the text once. At each start, the model's own word pieces for the stretch ahead give
 the character where `chunk_tokens` pieces end; the passage ends at the best break before it (a
 blank line, else a line break, else a sentence end, else any whitespace, as long as at least half
-the stretch is kept; else exactly there), and the next passage starts `overlap_tokens` pieces
-earlier, at a word start, so a sentence cut at a boundary is whole in one of them. Each stretch
+the stretch is kept; else exactly there), and the next passage starts within the last
+`overlap_tokens` pieces, at the first break of the same kinds, so a sentence cut at a boundary is
+whole in one of them. Each stretch
 is tokenised a small constant number of times: time and memory are linear in the text, whatever
 it holds (a 10 MB line without spaces is as cheap as prose).
 """
@@ -45,7 +46,6 @@ _BREAKS: tuple[tuple[tuple[str, int], ...], ...] = (
     ((" ", 0), ("\t", 0)),
 )
 _NON_SPACE = re.compile(r"\S")
-_SPACE = re.compile(r"\s")
 
 
 class TokenCounter(Protocol):
@@ -175,11 +175,11 @@ class _Walker:
             return self._skip_space(cut)
         # At least half the passage is new text, so the walk always moves on.
         back = taken[max(len(taken) - self.overlap, (len(taken) + 1) // 2)]
-        if not self.text[back - 1].isspace():
-            # Mid-word (a continuation piece): start the overlap at the next word, if any.
-            space = _SPACE.search(self.text, back, cut)
-            back = space.end() if space else back
-        return self._skip_space(max(back, pos + 1))
+        # Within the overlap, start at the first paragraph, else line, else sentence, else word:
+        # the overlap then holds whole units, and a heading stays with the text below it.
+        start = next((found for group in _BREAKS if (found := _first(self.text, group, back, cut))
+                      >= 0), back)
+        return self._skip_space(max(start, pos + 1))
 
     def _skip_space(self, pos: int) -> int:
         found = _NON_SPACE.search(self.text, pos)
@@ -189,6 +189,12 @@ class _Walker:
         while cut > pos + 1 and self.text[cut - 1].isspace():
             cut -= 1
         return cut
+
+
+def _first(text: str, group: tuple[tuple[str, int], ...], low: int, high: int) -> int:
+    """Where a passage starts after the first separator of `group` in text[low:high], or -1."""
+    found = [i + len(sep) for sep, _ in group if (i := text.find(sep, low, high)) >= 0]
+    return min(found) if found else -1
 
 
 def _last(text: str, sep: str, low: int, high: int, keep: int) -> int:
