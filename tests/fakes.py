@@ -180,3 +180,38 @@ def _central_entry(raw: bytearray, member: str) -> int:
             return offset
         offset += 46 + name_len + extra_len + comment_len
     raise KeyError(member)
+
+
+# -- another process holding the index's write lock ------------------------------------------
+
+_HOLD_LOCK = """
+import sys
+from filelock import FileLock
+lock = FileLock(sys.argv[1])
+lock.acquire()
+print("locked", flush=True)
+sys.stdin.readline()  # hold until told
+lock.release()
+"""
+
+
+def hold_lock(index_dir):
+    """A process holding the write lock of the index in `index_dir` until `release(it)` (or
+    until it is killed). Returns once the lock is held."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from retrieval.persist import LOCK_NAME
+
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(Path(index_dir) / LOCK_NAME)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if holder.stdout.readline().strip() != "locked":
+        raise RuntimeError("the lock holder did not start")
+    return holder
+
+
+def release(holder) -> None:
+    """Let a `hold_lock` process release the lock and exit."""
+    holder.stdin.write("go\n")
+    holder.stdin.flush()

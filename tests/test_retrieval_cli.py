@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fakes import HashEmbedder
+from fakes import HashEmbedder, hold_lock, release
 
 import app.commands.common as common
 import app.commands.index as index_commands
@@ -197,28 +197,22 @@ def test_a_bad_limit_setting_is_one_clear_line(home, tmp_path, monkeypatch):
     assert result.stderr.strip() == "Error: RAGSPEC_MAX_CHARS must be > 0, got '-3'"
 
 
-def test_a_second_writer_prints_that_it_waits(home, tmp_path):
-    import subprocess
-    import sys
-    import textwrap
-
+def test_a_second_writer_prints_that_it_waits(home, tmp_path, monkeypatch):
     index = home / "index"
     index.mkdir(parents=True)
-    hold = textwrap.dedent("""
-        import sys, time
-        from filelock import FileLock
-        lock = FileLock(sys.argv[1])
-        lock.acquire()
-        print("locked", flush=True)
-        time.sleep(1.0)
-    """)
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(index / ".write.lock")],
-                              stdout=subprocess.PIPE, text=True)
+    holder = hold_lock(index)
+    say_waiting = index_commands._say_waiting
+
+    def say_then_let_the_other_writer_finish():
+        say_waiting()
+        release(holder)
+
+    monkeypatch.setattr(index_commands, "_say_waiting", say_then_let_the_other_writer_finish)
     try:
-        assert holder.stdout.readline().strip() == "locked"
         (tmp_path / "a.txt").write_text("Berth 2.")
         result = run("ingest", str(tmp_path / "a.txt"))
     finally:
+        holder.kill()
         holder.wait()
     assert result.exit_code == 0
     assert "waiting for another ragspec process to finish writing the index..." in result.stderr

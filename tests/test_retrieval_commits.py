@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import HashEmbedder
+from fakes import HashEmbedder, hold_lock, release
 
 import retrieval.ingest as ingest_module
 from retrieval import persist
@@ -108,34 +108,26 @@ def test_another_writer_gets_the_lock_while_a_file_is_being_parsed(tmp_path, emb
     assert answers == ["acquired"] and len(report.added) == 3
 
 
-_HOLD_LOCK = textwrap.dedent(
-    """
-    import sys, time
-    from filelock import FileLock
-    lock = FileLock(sys.argv[1])
-    lock.acquire()
-    print("locked", flush=True)
-    time.sleep(float(sys.argv[2]))
-    """
-)
-
-
 def test_a_second_writer_waits_for_its_turn_and_says_so(tmp_path, embedder):
     (tmp_path / "a.txt").write_text("Berth 4 is closed on Sundays.")
     index = tmp_path / "index"
     index.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(index / persist.LOCK_NAME),
-                               "1.5"], stdout=subprocess.PIPE, text=True)
+    holder = hold_lock(index)
+    events = []
+
+    def on_event(event: IngestEvent) -> None:
+        events.append(event.kind)
+        if event.kind == "waiting":
+            release(holder)  # the other writer finishes while this one waits
+
     try:
-        assert holder.stdout.readline().strip() == "locked"
-        events = []
         report = ingest_paths([tmp_path / "a.txt"], PassageStore.open(index, embedder),
-                              progress=events.append)
+                              progress=on_event)
     finally:
         holder.kill()
         holder.wait()
     assert report.added == [str(tmp_path / "a.txt")]
-    assert [e.kind for e in events].count("waiting") == 1
+    assert events.count("waiting") == 1 and events[-1] == "commit"
 
 
 # -- kill -9 ------------------------------------------------------------------------------------
@@ -144,7 +136,7 @@ _CLI = textwrap.dedent(
     """
     import sys, time
     import app.commands.common as common
-    from fakes import HashEmbedder
+    from fakes import HashEmbedder, hold_lock, release
 
     class Slow(HashEmbedder):  # an embedder that takes its time, as a real one does
         def embed_array(self, texts):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes import HashEmbedder
+from fakes import HashEmbedder, hold_lock, release
 
 import retrieval.ingest as ingest_module
 from retrieval import persist
@@ -338,34 +338,12 @@ def test_read_only_index_can_be_searched_but_not_written(read_only, embedder, do
 
 # -- the write lock ----------------------------------------------------------------------------
 
-_HOLD_LOCK = textwrap.dedent(
-    """
-    import sys, time
-    from filelock import FileLock
-    lock = FileLock(sys.argv[1])
-    lock.acquire()
-    print("locked", flush=True)
-    time.sleep(float(sys.argv[2]))
-    lock.release()
-    """
-)
-
-
-def _hold_lock(index: Path, seconds: float) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_LOCK, str(index / persist.LOCK_NAME), str(seconds)],
-        stdout=subprocess.PIPE, text=True,
-    )
-    assert proc.stdout.readline().strip() == "locked"
-    return proc
-
-
 def test_second_writer_fails_clearly_when_the_lock_is_not_released(index, embedder, docs):
-    holder = _hold_lock(index, 30)
+    holder = hold_lock(index)
     try:
         store = PassageStore.open(index, embedder, lock_timeout=0.3)
         (docs / "gamma.txt").write_text("Gamma.")
-        with pytest.raises(IndexLockedError, match="Another ragspec process is writing"):
+        with pytest.raises(IndexLockedError, match="Another ragspec process is writing.*waited 0.3 s"):
             ingest_paths([docs / "gamma.txt"], store)
     finally:
         holder.kill()
@@ -374,14 +352,22 @@ def test_second_writer_fails_clearly_when_the_lock_is_not_released(index, embedd
 
 
 def test_second_writer_waits_for_the_lock_and_then_succeeds(index, embedder, docs):
-    holder = _hold_lock(index, 1.0)
+    holder = hold_lock(index)
+    waited = []
+
+    def on_wait():
+        waited.append(True)
+        release(holder)
+
     try:
-        started = time.monotonic()
+        store = PassageStore.open(index, embedder)
         (docs / "gamma.txt").write_text("Gamma.")
-        report = ingest_paths([docs / "gamma.txt"], PassageStore.open(index, embedder))
-        assert report.added and time.monotonic() - started >= 0.5
+        with store.writing(on_wait=on_wait):
+            store.remove(store.documents()[0].doc_id)
     finally:
-        holder.wait()
+        holder.wait(timeout=60)
+    assert waited == [True]
+    assert _sources(PassageStore.open(index, embedder)) == ["beta.md"]
 
 
 def test_writer_builds_on_commits_made_after_it_was_opened(index, embedder, docs):
@@ -402,7 +388,7 @@ _INGEST = textwrap.dedent(
     import sys
     from retrieval.ingest import ingest_paths
     from retrieval.store import PassageStore
-    from fakes import HashEmbedder
+    from fakes import HashEmbedder, hold_lock, release
     store = PassageStore.open(sys.argv[1], HashEmbedder())
     report = ingest_paths(sys.argv[2:], store)
     print(len(report.added))
