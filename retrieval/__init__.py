@@ -1,9 +1,12 @@
 """Retrieval: files in, passages with exact provenance out.
 
-loaders (file -> text per page) -> passages (token-aware splitting) -> embeddings (bundled
-all-MiniLM-L6-v2) -> store (FAISS through LangChain, persisted without pickle) ; ingest ties
-them together per file. Never imports `decoding` or `app`.
+sources (which files; each read once) -> loaders (bytes -> text per page, bounded by limits;
+html_text, docx_text, archive) -> passages (token-aware splitting in one linear pass) ->
+embeddings (bundled all-MiniLM-L6-v2) -> store (FAISS through LangChain, persisted without pickle,
+committed under lock.py's write lock); ingest ties them together, committing in batches. Never
+imports `decoding` or `app`.
 
 Public entry points: retrieval.embeddings.Embedder, retrieval.store.PassageStore (with Passage,
-Hit, DocumentInfo), retrieval.ingest.ingest_paths / IngestReport / SUPPORTED_SUFFIXES.
+Hit, DocumentInfo), retrieval.ingest.ingest_paths / IngestReport / SUPPORTED_SUFFIXES,
+retrieval.limits.IngestLimits.
 """

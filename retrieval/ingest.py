@@ -1,57 +1,58 @@
-"""Ingest files and folders into a PassageStore: load, split, embed, store; one file at a time.
+"""Ingest files and folders into a PassageStore: each file read once, parsed, split and embedded
+outside the index lock; the results committed in batches.
 
 Contract of `ingest_paths(paths, store, ...)`:
-  * Folders are walked (recursively by default), skipping hidden entries; inside folders, files
-    of unsupported types are skipped silently (listed in `IngestReport.skipped`). A file named
-    explicitly with an unsupported type is a failure.
-  * Each file ends in exactly one list of the report: added (new), updated (content changed:
-    old passages replaced), unchanged (same sha256 as stored: nothing done, nothing parsed),
-    or failed with a reason a user can act on. A bad file never stops the others.
-  * Before reading a file its size is checked against `max_file_bytes` (default 50 MiB,
-    RAGSPEC_MAX_FILE_MB overrides): bigger files are failed without being read.
-  * All changes are committed once, atomically, at the end, under the store's write lock; an
-    interrupted ingest (crash, Ctrl-C) leaves the previous index as it was.
-  * Store-level problems (index not writable, locked, damaged, wrong embedder) raise instead of
-    being reported per file: no file could succeed.
+  * Which files: see `retrieval.sources.collect` (folders walked, hidden entries skipped, other
+    types inside folders listed in `skipped`, symbolic links leaving a folder listed in
+    `links` and not followed unless `follow_symlinks`).
+  * Each file ends in exactly one list of the report: added (new), updated (content changed: old
+    passages replaced), unchanged (same sha256 as stored: nothing parsed), or failed with a reason
+    a user can act on. A file's bytes are read once; those bytes are hashed and parsed.
+  * Anything that goes wrong while loading or splitting one file, whatever its type, is that
+    file's failure (an unexpected exception is reported with its type), never the run's; the
+    limits of `IngestLimits` bound what one file may cost (size, pages, characters, inflation).
+  * Commits: finished files are committed every `commit_every` files or `commit_seconds`
+    seconds, whichever comes first, and at the end. Only a commit takes the store's write lock,
+    so other writers (and, in one process, searches) wait for commits, never for parsing or
+    embedding. A crash, kill -9 or Ctrl-C keeps every file committed before it; running the same
+    ingest again finds those unchanged and finishes the rest.
+  * Store-level problems (index not writable or full disk, lock not released in time, damaged
+    index, missing or mismatched embedder) raise instead: no file could succeed. Files committed
+    before stay committed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from retrieval.errors import LoadError
-from retrieval.loaders import SUPPORTED_SUFFIXES, load_file, supported, unsupported_message
-from retrieval.passages import SplitConfig, split_documents
-from retrieval.store import PassageStore
+from retrieval.errors import LoadError, RetrievalError, type_name
+from retrieval.limits import ENV_FOR, IngestLimits
+from retrieval.loaders import SUPPORTED_SUFFIXES, load_bytes
+from retrieval.passages import PassageDraft, SplitConfig, split_documents
+from retrieval.sources import collect, read_once
+from retrieval.store import PassageEmbedder, PassageStore
 
 __all__ = ["SUPPORTED_SUFFIXES", "IngestEvent", "IngestReport", "ingest_paths",
-           "default_max_file_bytes"]
+           "default_max_file_bytes", "DEFAULT_COMMIT_FILES", "DEFAULT_COMMIT_SECONDS"]
 
-MAX_FILE_ENV = "RAGSPEC_MAX_FILE_MB"
-DEFAULT_MAX_FILE_MB = 50
+MAX_FILE_ENV = ENV_FOR["max_file_bytes"]
+DEFAULT_COMMIT_FILES = 100
+DEFAULT_COMMIT_SECONDS = 30.0
 # Passages per embedding call: small enough for frequent progress, big enough to batch well.
 EMBED_CHUNK = 64
 
 
 def default_max_file_bytes() -> int:
     """The per-file size limit: RAGSPEC_MAX_FILE_MB (may be fractional) or 50 MiB."""
-    raw = os.environ.get(MAX_FILE_ENV)
-    if not raw:
-        return DEFAULT_MAX_FILE_MB * 2**20
-    try:
-        megabytes = float(raw)
-    except ValueError:
-        raise ValueError(f"{MAX_FILE_ENV}={raw!r} is not a number of megabytes") from None
-    if megabytes <= 0:
-        raise ValueError(f"{MAX_FILE_ENV} must be > 0, got {raw!r}")
-    return int(megabytes * 2**20)
+    return IngestLimits.from_env().max_file_bytes
 
 
 @dataclass
@@ -63,7 +64,9 @@ class IngestReport:
     unchanged: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    links: list[tuple[str, str]] = field(default_factory=list)  # not followed, with the reason
     passages_added: int = 0
+    commits: int = 0
 
     @property
     def ok(self) -> bool:
@@ -76,6 +79,7 @@ class IngestReport:
             "updated": self.updated,
             "unchanged": self.unchanged,
             "failed": [{"path": path, "error": error} for path, error in self.failed],
+            "links_not_followed": [{"path": path, "reason": why} for path, why in self.links],
         }
 
 
@@ -84,17 +88,21 @@ class IngestEvent:
     """Progress, for bars and logs.
 
     kind: "start" (files_total known), "file" (starting `path`), "passages" (some passages of
-        `path` embedded), "done" (`path` finished with `outcome`: added/updated/unchanged/failed).
+        `path` embedded), "done" (`path` finished with `outcome`: added/updated/unchanged/failed;
+        added and updated files are committed at the next "commit"), "waiting" (another process
+        is writing the index: this one waits for it), "commit" (`committed` files are now safe
+        on disk, this run's total so far).
     passages_done / passages_total: within the current file (total 0 until it is split).
     """
 
-    kind: Literal["start", "file", "passages", "done"]
+    kind: Literal["start", "file", "passages", "done", "waiting", "commit"]
     files_done: int
     files_total: int
     path: str | None = None
     passages_done: int = 0
     passages_total: int = 0
     outcome: str | None = None
+    committed: int = 0
 
 
 ProgressFn = Callable[[IngestEvent], None]
@@ -108,108 +116,149 @@ def ingest_paths(
     *,
     max_file_bytes: int | None = None,
     split: SplitConfig | None = None,
+    limits: IngestLimits | None = None,
+    commit_every: int = DEFAULT_COMMIT_FILES,
+    commit_seconds: float = DEFAULT_COMMIT_SECONDS,
+    follow_symlinks: bool = False,
 ) -> IngestReport:
-    """Bring files and folders into `store` (see the module docstring)."""
+    """Bring files and folders into `store` (see the module docstring).
+
+    limits: None = IngestLimits.from_env(); max_file_bytes overrides its file size limit.
+    """
     if store.embedder is None:
         raise ValueError("ingest needs a PassageStore opened with an embedder")
-    limit = default_max_file_bytes() if max_file_bytes is None else max_file_bytes
-    if limit <= 0:
-        raise ValueError(f"max_file_bytes must be > 0, got {limit}")
+    if limits is None:
+        limits = IngestLimits.from_env(max_file_bytes=max_file_bytes)
+    elif max_file_bytes is not None:
+        limits = replace(limits, max_file_bytes=max_file_bytes)
+    found = collect(paths, recursive, follow_symlinks)
+    report = IngestReport(failed=found.failed, skipped=found.skipped, links=found.links)
     emit = progress or (lambda event: None)
-    report = IngestReport()
-    files = _collect(paths, recursive, report)
-    total = len(files)
+    batch = _Batch(store, report, emit, commit_every, commit_seconds)
+    total = len(found.files)
     emit(IngestEvent("start", 0, total))
-    with store.writing():
-        for done, (shown, path) in enumerate(files):
-            emit(IngestEvent("file", done, total, path=shown))
-            try:
-                outcome, count = _ingest_one(path, shown, store, limit, split, emit, done, total)
-            except LoadError as exc:
-                report.failed.append((shown, str(exc)))
-                outcome = "failed"
-            else:
-                getattr(report, outcome).append(shown)
-                report.passages_added += count
-            emit(IngestEvent("done", done + 1, total, path=shown, outcome=outcome))
+    for done, (shown, path) in enumerate(found.files):
+        emit(IngestEvent("file", done, total, path=shown))
+        outcome = _ingest_one(shown, path, store, limits, split, emit, batch, done, total)
+        emit(IngestEvent("done", done + 1, total, path=shown, outcome=outcome))
+        if batch.due():
+            batch.commit(done + 1, total)
+    batch.commit(total, total)
     return report
 
 
-def _collect(
-    paths: Iterable[str | os.PathLike], recursive: bool, report: IngestReport
-) -> list[tuple[str, Path]]:
-    """The files to ingest, in a stable order, each once; records missing/unsupported ones."""
-    found: list[tuple[str, Path]] = []
-    seen: set[Path] = set()
+@dataclass
+class _Prepared:
+    """A file parsed, split and embedded, waiting for its commit."""
 
-    def add(shown: str, path: Path) -> None:
-        key = path.resolve()
-        if key not in seen:
-            seen.add(key)
-            found.append((shown, path))
-
-    for raw in paths:
-        path = Path(raw).expanduser()
-        shown = os.fspath(raw)
-        if not path.exists():
-            report.failed.append((shown, "no such file or directory"))
-        elif path.is_dir():
-            for child in _walk(path, recursive):
-                if supported(child):
-                    add(str(child), child)
-                else:
-                    report.skipped.append(str(child))
-        elif not supported(path):
-            report.failed.append((shown, unsupported_message(path)))
-        else:
-            add(shown, path)
-    return found
+    shown: str
+    source: str
+    sha256: str
+    size: int
+    drafts: list[PassageDraft]
+    vectors: np.ndarray
+    outcome: Literal["added", "updated"]
 
 
-def _walk(folder: Path, recursive: bool) -> Iterable[Path]:
-    # Hidden files and folders (.git, .venv, editor swap files) are never documents.
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if recursive else []
-        for name in sorted(names):
-            if not name.startswith("."):
-                yield Path(root) / name
+def _ingest_one(shown: str, path: Path, store: PassageStore, limits: IngestLimits,
+                split: SplitConfig | None, emit: ProgressFn, batch: _Batch, done: int,
+                total: int) -> str:
+    def on_passages(passages_done: int, passages_total: int) -> None:
+        emit(IngestEvent("passages", done, total, path=shown, passages_done=passages_done,
+                         passages_total=passages_total))
 
-
-def _ingest_one(
-    path: Path, shown: str, store: PassageStore, limit: int, split: SplitConfig | None,
-    emit: ProgressFn, done: int, total: int,
-) -> tuple[str, int]:
     try:
-        stat = path.stat()
-        if not path.is_file():
-            raise LoadError("not a regular file")
-        if stat.st_size == 0:
-            raise LoadError("the file is empty (0 bytes)")
-        if stat.st_size > limit:
-            raise LoadError(
-                f"the file is {_mib(stat.st_size)}, over the size limit of {_mib(limit)}; "
-                f"split it, or raise the limit with {MAX_FILE_ENV}"
-            )
-        data = path.read_bytes()
-    except OSError as exc:
-        raise LoadError(f"cannot read the file ({exc.strerror or exc})") from exc
+        prepared = _prepare(shown, path, store, limits, split, on_passages)
+    except LoadError as exc:
+        batch.report.failed.append((shown, str(exc)))
+        return "failed"
+    if prepared is None:
+        batch.report.unchanged.append(shown)
+        return "unchanged"
+    batch.add(prepared)
+    return prepared.outcome
+
+
+def _prepare(shown: str, path: Path, store: PassageStore, limits: IngestLimits,
+             split: SplitConfig | None, on_passages: Callable[[int, int], None]
+             ) -> _Prepared | None:
+    """The file's passages and vectors, or None when it is stored unchanged."""
+    data = read_once(path, limits.max_file_bytes)
     sha256 = hashlib.sha256(data).hexdigest()
     source = str(path.resolve())
     existing = store.document_for_source(source)
     if existing is not None and existing.sha256 == sha256:
-        return "unchanged", 0
-    drafts = split_documents(load_file(path), store.embedder, split)
+        return None
+    drafts = _passages(data, path, store.embedder, limits, split)
+    vectors = _embed(store.embedder, drafts, on_passages)
+    return _Prepared(shown, source, sha256, len(data), drafts, vectors,
+                     "updated" if existing is not None else "added")
+
+
+def _passages(data: bytes, path: Path, embedder: PassageEmbedder, limits: IngestLimits,
+              split: SplitConfig | None) -> list[PassageDraft]:
+    try:
+        drafts = split_documents(load_bytes(data, path, limits), embedder, split)
+    except RetrievalError:
+        raise  # LoadError: this file's, said in our words; others (no embedder): the run's
+    except Exception as exc:  # noqa: BLE001
+        # Parsers of untrusted files fail in ways no one lists (XML ParseError, zlib.error,
+        # AssertionError, RecursionError, MemoryError, ...). Whatever it is, it is this file's
+        # failure, reported with its type; it must not stop the other files.
+        raise LoadError(f"cannot parse the file ({type_name(exc)}: {exc})") from exc
     if not drafts:
         raise LoadError("no extractable text")
+    return drafts
+
+
+def _embed(embedder: PassageEmbedder, drafts: list[PassageDraft],
+           on_passages: Callable[[int, int], None]) -> np.ndarray:
     vectors = []
     for first in range(0, len(drafts), EMBED_CHUNK):
         batch = drafts[first : first + EMBED_CHUNK]
-        vectors.append(store.embedder.embed_array([d.text for d in batch]))
-        emit(IngestEvent("passages", done, total, path=shown,
-                         passages_done=first + len(batch), passages_total=len(drafts)))
-    store.add_document(source, sha256, len(data), drafts, np.concatenate(vectors))
-    return ("updated" if existing is not None else "added"), len(drafts)
+        vectors.append(embedder.embed_array([d.text for d in batch]))
+        on_passages(first + len(batch), len(drafts))
+    return np.concatenate(vectors)
 
 
-def _mib(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size} bytes"
+class _Batch:
+    """Prepared files waiting for their commit, and when it is due."""
+
+    def __init__(self, store: PassageStore, report: IngestReport, emit: ProgressFn,
+                 every: int, seconds: float) -> None:
+        if every < 1:
+            raise ValueError(f"commit_every must be >= 1 file, got {every}")
+        if not seconds > 0:
+            raise ValueError(f"commit_seconds must be > 0, got {seconds}")
+        self.store, self.report, self.emit = store, report, emit
+        self.every, self.seconds = every, seconds
+        self.pending: list[_Prepared] = []
+        self.since = time.monotonic()
+        self.committed = 0
+
+    def add(self, prepared: _Prepared) -> None:
+        self.pending.append(prepared)
+
+    def due(self) -> bool:
+        return bool(self.pending) and (
+            len(self.pending) >= self.every or time.monotonic() - self.since >= self.seconds
+        )
+
+    def commit(self, files_done: int, total: int) -> None:
+        if not self.pending:
+            return
+
+        def waiting() -> None:
+            self.emit(IngestEvent("waiting", files_done, total))
+
+        with self.store.writing(on_wait=waiting):
+            for p in self.pending:
+                self.store.add_document(p.source, p.sha256, p.size, p.drafts, p.vectors)
+        for p in self.pending:
+            getattr(self.report, p.outcome).append(p.shown)
+            self.report.passages_added += len(p.drafts)
+        self.committed += len(self.pending)
+        self.report.commits += 1
+        self.pending.clear()
+        self.since = time.monotonic()
+        self.emit(IngestEvent("commit", files_done, total, committed=self.committed))

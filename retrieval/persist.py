@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from retrieval.errors import IndexCorruptError
+from retrieval.errors import IndexCorruptError, IndexNotWritableError
 
 FORMAT = "ragspec-passages"
 VERSION = 1
@@ -64,13 +65,6 @@ class Snapshot:
     commit: str
 
 
-def has_index(directory: Path) -> bool:
-    return any(
-        (directory / name).exists()
-        for name in (FAISS_NAME, PASSAGES_NAME, PASSAGES_NAME + PENDING_SUFFIX)
-    )
-
-
 def rebuild_hint(directory: Path) -> str:
     return (
         f"Nothing was changed. To rebuild, move {directory} aside (or delete it) and run "
@@ -89,6 +83,22 @@ def _sha256(data: bytes | memoryview) -> str:
 
 
 # -- writing ---------------------------------------------------------------------------------
+
+
+def check_writable(directory: Path) -> None:
+    """Create `directory` if needed and prove a file can be written there, or raise
+    IndexNotWritableError saying what to do."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # Creating a file is the only reliable test (permissions, read-only mounts, ACLs).
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise IndexNotWritableError(
+            f"Cannot write to the index directory {directory} ({exc.strerror or exc}). "
+            "Make it writable, or choose another with --index DIR or RAGSPEC_HOME."
+        ) from exc
 
 
 def write_snapshot(

@@ -8,10 +8,15 @@ Contract:
   * Search is exact inner product over L2-normalised embeddings, i.e. cosine similarity; the
     score of a Hit is that cosine (higher is better).
   * Changes happen inside `with store.writing():`, which takes the directory's write lock
-    (waiting up to `lock_timeout` seconds, then IndexLockedError), first catches up with any
-    commit another process made since this store was loaded, and commits once on a clean exit.
-    If the block raises (including KeyboardInterrupt), nothing is written and the store
-    reloads the last commit, so memory and disk agree again.
+    (retrieval/lock.py: `on_wait` is called when another writer has it, then it waits up to
+    `lock_timeout` seconds), first catches up with any commit another process made since this
+    store was loaded, and commits once on a clean exit. Keep the block short: do the slow work
+    (parsing, embedding) before it, so other writers wait only for commits. If the block raises
+    (including KeyboardInterrupt), nothing is written and the store reloads the last commit, so
+    memory and disk agree again; if that reload fails too, the original error is raised (the
+    second is attached as a note) and the store holds nothing until it can reload.
+  * One store may be shared by threads (the chat UI): reads and commits take an in-process
+    lock, so a search never sees a commit half applied, and waits only for the commit itself.
   * A document is one source file, identified by `doc_id` (derived from its resolved path) and
     carrying the sha256 of its bytes; replacing it removes all its old passages first.
   * With a GPU build of faiss and a visible GPU, searches run on a GPU copy of the index;
@@ -23,35 +28,33 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Protocol
 
 import faiss
 import numpy as np
-from filelock import FileLock, Timeout
-from langchain_community.docstore.in_memory import InMemoryDocstore
 from langchain_community.vectorstores import FAISS
-from langchain_community.vectorstores.utils import DistanceStrategy
-from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 
 from retrieval import persist
 from retrieval.errors import (
     EmbedderMismatchError,
     IndexCorruptError,
-    IndexLockedError,
     IndexNotWritableError,
+    RetrievalError,
     UnknownDocumentError,
 )
-from retrieval.passages import PassageDraft
+from retrieval.faiss_store import from_lc, gpu_available, new_faiss, to_lc
+from retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
+from retrieval.passages import PassageDraft, TokenCounter
 from retrieval.records import DocumentInfo, Hit, Passage
 
-__all__ = ["PassageStore", "Passage", "Hit", "DocumentInfo", "DEFAULT_LOCK_TIMEOUT", "doc_id_for"]
+__all__ = ["PassageStore", "PassageEmbedder", "Passage", "Hit", "DocumentInfo",
+           "DEFAULT_LOCK_TIMEOUT", "doc_id_for"]
 
-DEFAULT_LOCK_TIMEOUT = 60.0
 logger = logging.getLogger(__name__)
 
 
@@ -60,30 +63,31 @@ def doc_id_for(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
 
 
-class _NoEmbedder(Embeddings):
-    """Stands in when a store is opened only to list or remove documents."""
+class PassageEmbedder(TokenCounter, Protocol):
+    """What the store (and ingest) need from an embedding model: `retrieval.embeddings.Embedder`,
+    or anything shaped like it (the tests' HashEmbedder)."""
 
-    def _fail(self):
-        raise RuntimeError("this PassageStore was opened without an embedder; pass one to search")
+    name: str  # recorded in the index; opening with another model is refused
+    dim: int  # length of every vector
 
-    def embed_documents(self, texts):
-        self._fail()
-
-    def embed_query(self, text):
-        self._fail()
+    def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 array of shape (len(texts), dim), rows L2-normalised."""
+        ...
 
 
 class PassageStore:
     """See the module docstring. Create with `PassageStore.open`."""
 
     def __init__(
-        self, index_dir: Path, embedder, lock_timeout: float, use_gpu: bool | None
+        self, index_dir: Path, embedder: PassageEmbedder | None, lock_timeout: float,
+        use_gpu: bool | None,
     ) -> None:
         self.index_dir = index_dir
         self.embedder = embedder
         self.lock_timeout = lock_timeout
-        self._use_gpu = _gpu_available() if use_gpu is None else use_gpu
-        self._writing = False
+        self._use_gpu = gpu_available() if use_gpu is None else use_gpu
+        self._writer: int | None = None  # the thread inside writing(), if any
+        self._mutex = threading.RLock()  # in-process: reads vs. a commit being applied
         self._dirty = False
         self._load()
 
@@ -91,7 +95,7 @@ class PassageStore:
     def open(
         cls,
         index_dir: str | os.PathLike,
-        embedder=None,
+        embedder: PassageEmbedder | None = None,
         *,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         use_gpu: bool | None = None,
@@ -99,9 +103,8 @@ class PassageStore:
         """Load the index in `index_dir` (empty if there is none yet).
 
         embedder: needed to search and to add documents; None is enough to list and remove.
-            An `Embedder` or anything with its interface (name, dim, max_tokens,
-            special_tokens, count_tokens, embed_array), e.g. the tests' HashEmbedder.
-        lock_timeout: seconds a writer waits for another writer before IndexLockedError.
+        lock_timeout: seconds a writer waits for another writer's commit before
+            IndexLockedError.
         use_gpu: None = when faiss has GPU support and sees a GPU.
         """
         if lock_timeout < 0:
@@ -139,7 +142,7 @@ class PassageStore:
             }
             sources = {d.doc_id: d.source for d in self._documents.values()}
             lc_docs = [
-                _to_lc(Passage(source=sources[p["doc_id"]], page=p.get("page"), **_fields(p)))
+                to_lc(Passage(source=sources[p["doc_id"]], page=p.get("page"), **_fields(p)))
                 for p in snapshot.passages
             ]
         except (TypeError, ValueError) as exc:
@@ -147,39 +150,35 @@ class PassageStore:
                 f"The index in {self.index_dir} is damaged: {exc}. "
                 f"{persist.rebuild_hint(self.index_dir)}"
             ) from exc
-        self._lc = self._new_lc(snapshot.index)
+        self._lc = new_faiss(snapshot.index, self.embedder)
         self._lc.docstore.add({doc.id: doc for doc in lc_docs})
         self._lc.index_to_docstore_id.update({i: doc.id for i, doc in enumerate(lc_docs)})
-
-    def _new_lc(self, index: faiss.Index) -> FAISS:
-        return FAISS(
-            embedding_function=self.embedder if self.embedder is not None else _NoEmbedder(),
-            index=index,
-            docstore=InMemoryDocstore(),
-            index_to_docstore_id={},
-            distance_strategy=DistanceStrategy.MAX_INNER_PRODUCT,
-        )
 
     # -- reading ------------------------------------------------------------------------------
 
     def passage_count(self) -> int:
-        return 0 if self._lc is None else int(self._lc.index.ntotal)
+        with self._mutex:
+            return 0 if self._lc is None else int(self._lc.index.ntotal)
 
     def documents(self) -> list[DocumentInfo]:
-        return sorted(self._documents.values(), key=lambda d: d.source)
+        with self._mutex:
+            return sorted(self._documents.values(), key=lambda d: d.source)
 
     def document_for_source(self, source: str) -> DocumentInfo | None:
-        return self._documents.get(doc_id_for(source))
+        with self._mutex:
+            return self._documents.get(doc_id_for(source))
 
     def find_document(self, doc: str) -> DocumentInfo:
         """The document named by `doc`: its id, a unique id prefix, or its path."""
-        if doc in self._documents:
-            return self._documents[doc]
+        with self._mutex:
+            documents = dict(self._documents)
+        if doc in documents:
+            return documents[doc]
         for candidate in (doc, str(Path(doc).expanduser().resolve())):
-            info = self.document_for_source(candidate)
+            info = documents.get(doc_id_for(candidate))
             if info is not None:
                 return info
-        matches = [d for d in self._documents.values() if len(doc) >= 4 and d.doc_id.startswith(doc)]
+        matches = [d for d in documents.values() if len(doc) >= 4 and d.doc_id.startswith(doc)]
         if len(matches) == 1:
             return matches[0]
         raise UnknownDocumentError(
@@ -189,10 +188,11 @@ class PassageStore:
 
     def passages(self, doc_id: str | None = None) -> list[Passage]:
         """Stored passages in index order, optionally of one document only."""
-        if self._lc is None:
-            return []
-        ids = [self._lc.index_to_docstore_id[i] for i in range(self.passage_count())]
-        out = [_from_lc(self._lc.docstore.search(pid)) for pid in ids]
+        with self._mutex:
+            if self._lc is None:
+                return []
+            ids = [self._lc.index_to_docstore_id[i] for i in range(self._lc.index.ntotal)]
+            out = [from_lc(self._lc.docstore.search(pid)) for pid in ids]
         return [p for p in out if doc_id is None or p.doc_id == doc_id]
 
     def search(self, query: str, k: int = 4) -> list[Hit]:
@@ -204,14 +204,18 @@ class PassageStore:
         if self.passage_count() == 0:
             return []
         vector = np.asarray(self.embedder.embed_array([query])[0], dtype=np.float32)
-        if vector.shape[0] != self._lc.index.d:
-            raise EmbedderMismatchError(
-                f"The embedder makes vectors of size {vector.shape[0]} but the index holds "
-                f"size {self._lc.index.d}. {persist.rebuild_hint(self.index_dir)}"
-            )
-        view = self._search_view()
-        results = view.similarity_search_with_score_by_vector(vector, k=min(k, self.passage_count()))
-        return [Hit(score=float(score), passage=_from_lc(doc)) for doc, score in results]
+        with self._mutex:  # a commit replaces the index and docstore: search one or the other
+            count = self.passage_count()
+            if count == 0:
+                return []
+            if vector.shape[0] != self._lc.index.d:
+                raise EmbedderMismatchError(
+                    f"The embedder makes vectors of size {vector.shape[0]} but the index holds "
+                    f"size {self._lc.index.d}. {persist.rebuild_hint(self.index_dir)}"
+                )
+            view = self._search_view()
+            results = view.similarity_search_with_score_by_vector(vector, k=min(k, count))
+        return [Hit(score=float(score), passage=from_lc(doc)) for doc, score in results]
 
     def _search_view(self) -> FAISS:
         if not self._use_gpu:
@@ -228,7 +232,7 @@ class PassageStore:
                 logger.warning("FAISS GPU copy failed (%s); searching on the CPU instead", exc)
                 self._use_gpu = False
                 return self._lc
-            view = self._new_lc(gpu_index)
+            view = new_faiss(gpu_index, self.embedder)
             view.docstore = self._lc.docstore
             view.index_to_docstore_id = self._lc.index_to_docstore_id
             self._gpu_view = view
@@ -237,50 +241,51 @@ class PassageStore:
     # -- writing ------------------------------------------------------------------------------
 
     @contextmanager
-    def writing(self) -> Iterator[PassageStore]:
-        """Hold the write lock; commit the changes made inside the block once, at its end."""
-        if self._writing:  # nested (e.g. remove() during an ingest): the outer block commits
-            yield self
-            return
-        self._check_writable()
-        lock = FileLock(str(self.index_dir / persist.LOCK_NAME), timeout=self.lock_timeout)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise IndexLockedError(
-                f"Another ragspec process is writing the index in {self.index_dir} (lock "
-                f"{lock.lock_file}); waited {self.lock_timeout:g} s. Try again when it has finished."
-            ) from None
-        self._writing = True
-        try:
-            persist.recover(self.index_dir)
-            if persist.current_commit(self.index_dir) != self._commit:
-                self._load()  # another process committed since we loaded: build on its work
-            yield self
-            if self._dirty:
-                self._save()
-        except BaseException:
-            # Discard half-made changes so this object matches the disk again; the disk itself
-            # was never touched (commits happen only in _save, atomically).
-            self._writing = False
-            self._load()
-            raise
-        finally:
-            self._writing = False
-            lock.release()
+    def writing(self, on_wait: Callable[[], None] | None = None) -> Iterator[PassageStore]:
+        """Hold the write lock; commit the changes made inside the block once, at its end.
 
-    def _check_writable(self) -> None:
+        on_wait: called once if another process is writing (before waiting for it)."""
+        if self._writer == threading.get_ident():
+            yield self  # nested (e.g. remove() during an ingest): the outer block commits
+            return
+        persist.check_writable(self.index_dir)
+        with write_lock(self.index_dir, self.lock_timeout, on_wait), self._mutex:
+            self._writer = threading.get_ident()
+            try:
+                persist.recover(self.index_dir)
+                if persist.current_commit(self.index_dir) != self._commit:
+                    self._load()  # another process committed since we loaded: build on its work
+                yield self
+                if self._dirty:
+                    self._save()
+            except BaseException as exc:
+                # Discard half-made changes so this object matches the disk again; the disk
+                # itself was never touched (commits happen only in _save, atomically).
+                self._reload_after(exc)
+                raise
+            finally:
+                self._writer = None
+
+    def _reload_after(self, exc: BaseException) -> None:
         try:
-            self.index_dir.mkdir(parents=True, exist_ok=True)
-            # Creating a file is the only reliable test (permissions, read-only mounts, ACLs).
-            fd, probe = tempfile.mkstemp(prefix=".probe-", dir=self.index_dir)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
-            raise IndexNotWritableError(
-                f"Cannot write to the index directory {self.index_dir} ({exc.strerror or exc}). "
-                "Make it writable, or choose another with --index DIR or RAGSPEC_HOME."
-            ) from exc
+            self._load()
+        except RetrievalError as reload_error:
+            # The error the caller must see is the one that stopped the block; the disk went
+            # bad too (or changed under us), which the next open or write will report itself.
+            note = f"Reloading the index afterwards failed as well: {reload_error}"
+            if hasattr(exc, "add_note"):  # Python >= 3.11
+                exc.add_note(note)
+            else:
+                logger.warning(note)
+            self._forget()
+
+    def _forget(self) -> None:
+        """Hold nothing, and make the next writing() reload from disk."""
+        self._commit = "unknown"
+        self._documents = {}
+        self._lc = None
+        self._gpu_view = None
+        self._dirty = False
 
     def _save(self) -> None:
         documents = [
@@ -308,7 +313,7 @@ class PassageStore:
         return self.embedder.dim if self.embedder is not None else 0
 
     def _require_writing(self) -> None:
-        if not self._writing:
+        if self._writer != threading.get_ident():
             raise RuntimeError("changes to a PassageStore must happen inside `with store.writing():`")
 
     def add_document(
@@ -330,14 +335,7 @@ class PassageStore:
                 f"need one vector per passage and at least one passage; got {len(drafts)} "
                 f"passages and vectors of shape {vectors.shape}"
             )
-        if self._lc is None:
-            self._lc = self._new_lc(faiss.IndexFlatIP(vectors.shape[1]))
-            self._model_name = getattr(self.embedder, "name", None) or self._model_name
-        elif vectors.shape[1] != self._lc.index.d:
-            raise EmbedderMismatchError(
-                f"vectors of size {vectors.shape[1]} cannot join an index of size "
-                f"{self._lc.index.d}. {persist.rebuild_hint(self.index_dir)}"
-            )
+        self._prepare_index(dim=vectors.shape[1])
         doc_id = doc_id_for(source)
         if doc_id in self._documents:
             self._remove_unlocked(doc_id)
@@ -349,7 +347,7 @@ class PassageStore:
         ]
         self._lc.add_embeddings(
             list(zip([p.text for p in passages], vectors, strict=True)),
-            metadatas=[_to_lc(p).metadata for p in passages],
+            metadatas=[to_lc(p).metadata for p in passages],
             ids=[p.id for p in passages],
         )
         info = DocumentInfo(
@@ -361,10 +359,23 @@ class PassageStore:
         self._changed()
         return info
 
-    def remove(self, doc: str) -> DocumentInfo:
-        """Delete a document (by id, id prefix or path) and all its passages; commits."""
+    def _prepare_index(self, dim: int) -> None:
+        """Create the FAISS index on the first document; refuse vectors of another size."""
+        if self._lc is None:
+            self._lc = new_faiss(faiss.IndexFlatIP(dim), self.embedder)
+            self._model_name = getattr(self.embedder, "name", None) or self._model_name
+        elif dim != self._lc.index.d:
+            raise EmbedderMismatchError(
+                f"vectors of size {dim} cannot join an index of size "
+                f"{self._lc.index.d}. {persist.rebuild_hint(self.index_dir)}"
+            )
+
+    def remove(self, doc: str, on_wait: Callable[[], None] | None = None) -> DocumentInfo:
+        """Delete a document (by id, id prefix or path) and all its passages; commits.
+
+        on_wait: as for writing()."""
         info = self.find_document(doc)
-        with self.writing():
+        with self.writing(on_wait):
             # writing() may have reloaded a newer commit: look the document up again there.
             info = self.find_document(info.doc_id)
             self._remove_unlocked(info.doc_id)
@@ -384,21 +395,3 @@ class PassageStore:
 
 def _fields(p: dict) -> dict:
     return {"id": p["id"], "doc_id": p["doc_id"], "text": p["text"], "start": p["start"]}
-
-
-def _to_lc(p: Passage) -> Document:
-    return Document(
-        id=p.id, page_content=p.text,
-        metadata={"doc_id": p.doc_id, "source": p.source, "page": p.page, "start": p.start},
-    )
-
-
-def _from_lc(doc: Document) -> Passage:
-    m = doc.metadata
-    return Passage(id=doc.id, doc_id=m["doc_id"], text=doc.page_content, source=m["source"],
-                   page=m["page"], start=m["start"])
-
-
-def _gpu_available() -> bool:
-    # faiss-cpu builds have no StandardGpuResources; GPU builds report the visible devices.
-    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0

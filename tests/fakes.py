@@ -1,8 +1,8 @@
 """A fast, deterministic stand-in for `Embedder`, for tests (ours and the pipeline's).
 
 `HashEmbedder` has the same interface as `retrieval.embeddings.Embedder` (name, dim,
-max_tokens, special_tokens, count_tokens, embed_array, embed_documents, embed_query) but needs no
-torch: token counts come from the bundled all-MiniLM-L6-v2 tokenizer (the real word pieces, so
+max_tokens, special_tokens, count_tokens, token_spans, embed_array, embed_documents, embed_query)
+but needs no torch: token counts come from the bundled all-MiniLM-L6-v2 tokenizer (the real word pieces, so
 passage lengths are checked against the real limit), and vectors are normalised bags of hashed
 lower-cased words, so texts that share words score higher. Same text, same vector, in every
 process (hashlib, not Python's salted hash()).
@@ -18,6 +18,7 @@ import numpy as np
 from langchain_core.embeddings import Embeddings
 
 from retrieval.embeddings import bundled_model_dir
+from retrieval.tokens import WordPieces
 
 _WORD = re.compile(r"\w+")
 
@@ -26,20 +27,17 @@ class HashEmbedder(Embeddings):
     def __init__(self, dim: int = 64, max_tokens: int = 256, name: str = "test:hash") -> None:
         if dim < 2:
             raise ValueError(f"dim must be >= 2, got {dim}")
-        from tokenizers import Tokenizer
-
         self.name = name
         self.dim = dim
+        self._pieces = WordPieces.from_file(bundled_model_dir() / "tokenizer.json", max_tokens)
         self.max_tokens = max_tokens
-        self.special_tokens = 2
-        self._tokenizer = Tokenizer.from_file(str(bundled_model_dir() / "tokenizer.json"))
-        # The file configures padding and truncation to 128 for the model's training; counting
-        # needs neither (transformers switches them off on its copy too).
-        self._tokenizer.no_padding()
-        self._tokenizer.no_truncation()
+        self.special_tokens = self._pieces.special_tokens
 
     def count_tokens(self, text: str) -> int:
-        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        return self._pieces.count_tokens(text)
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        return self._pieces.token_spans(text)
 
     def embed_array(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -90,3 +88,130 @@ def encrypted_pdf_bytes(source_pdf: str, user_password: str = "secret") -> bytes
     out = io.BytesIO()
     writer.write(out)
     return out.getvalue()
+
+
+# -- Word files and zip damage, built on the fly ---------------------------------------------
+
+_W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+_CONTENT_TYPES = (
+    '<?xml version="1.0" encoding="UTF-8"?><Types xmlns="http://schemas.openxmlformats.org/'
+    'package/2006/content-types"><Override PartName="/word/document.xml" ContentType="application/'
+    'vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>'
+)
+
+
+def docx_bytes(paragraphs=("Hello.",), *, document_xml: str | bytes | None = None) -> bytes:
+    """A minimal .docx: one paragraph per string, or `document_xml` verbatim (for damage)."""
+    import io
+    import zipfile
+    from xml.sax.saxutils import escape
+
+    if document_xml is None:
+        body = "".join(f"<w:p><w:r><w:t>{escape(p)}</w:t></w:r></w:p>" for p in paragraphs)
+        document_xml = f'<w:document xmlns:w="{_W}"><w:body>{body}</w:body></w:document>'
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("[Content_Types].xml", _CONTENT_TYPES)
+        z.writestr("word/document.xml", document_xml)
+    return out.getvalue()
+
+
+def docx_bomb_bytes(inflated_bytes: int) -> bytes:
+    """A .docx whose word/document.xml inflates to `inflated_bytes` (one run of the letter A:
+    about 1000:1), written in pieces so building it never holds the inflated text."""
+    import io
+    import zipfile
+
+    head = f'<w:document xmlns:w="{_W}"><w:body><w:p><w:r><w:t>'.encode()
+    tail = b"</w:t></w:r></w:p></w:body></w:document>"
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("[Content_Types].xml", _CONTENT_TYPES)
+        with z.open("word/document.xml", "w", force_zip64=inflated_bytes > 2**31) as member:
+            member.write(head)
+            left = inflated_bytes - len(head) - len(tail)
+            block = b"A" * 2**20
+            while left > 0:
+                member.write(block[: min(left, len(block))])
+                left -= len(block)
+            member.write(tail)
+    return out.getvalue()
+
+
+def damaged_zip(data: bytes, member: str, *, encrypt: bool = False, method: int | None = None,
+                garble: bool = False) -> bytes:
+    """`data` (a zip) with one member marked encrypted, given an unknown compression method,
+    or with its compressed bytes overwritten by noise; both headers are patched alike."""
+    import struct
+    import zipfile
+
+    raw = bytearray(data)
+    with zipfile.ZipFile(io_bytes(data)) as z:
+        info = z.getinfo(member)
+    local = info.header_offset
+    name_len, extra_len = struct.unpack_from("<HH", raw, local + 26)
+    central = _central_entry(raw, member)
+    for flags_at, method_at in ((local + 6, local + 8), (central + 8, central + 10)):
+        if encrypt:
+            struct.pack_into("<H", raw, flags_at, struct.unpack_from("<H", raw, flags_at)[0] | 1)
+        if method is not None:
+            struct.pack_into("<H", raw, method_at, method)
+    if garble:
+        start = local + 30 + name_len + extra_len
+        noise = bytes((i * 151 + 89) % 256 for i in range(info.compress_size))
+        raw[start : start + info.compress_size] = noise
+    return bytes(raw)
+
+
+def io_bytes(data: bytes):
+    import io
+
+    return io.BytesIO(data)
+
+
+def _central_entry(raw: bytearray, member: str) -> int:
+    import struct
+
+    end = raw.rfind(b"PK\x05\x06")
+    offset = struct.unpack_from("<I", raw, end + 16)[0]
+    while raw[offset : offset + 4] == b"PK\x01\x02":
+        name_len, extra_len, comment_len = struct.unpack_from("<HHH", raw, offset + 28)
+        if raw[offset + 46 : offset + 46 + name_len].decode() == member:
+            return offset
+        offset += 46 + name_len + extra_len + comment_len
+    raise KeyError(member)
+
+
+# -- another process holding the index's write lock ------------------------------------------
+
+_HOLD_LOCK = """
+import sys
+from filelock import FileLock
+lock = FileLock(sys.argv[1])
+lock.acquire()
+print("locked", flush=True)
+sys.stdin.readline()  # hold until told
+lock.release()
+"""
+
+
+def hold_lock(index_dir):
+    """A process holding the write lock of the index in `index_dir` until `release(it)` (or
+    until it is killed). Returns once the lock is held."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from retrieval.persist import LOCK_NAME
+
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(Path(index_dir) / LOCK_NAME)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if holder.stdout.readline().strip() != "locked":
+        raise RuntimeError("the lock holder did not start")
+    return holder
+
+
+def release(holder) -> None:
+    """Let a `hold_lock` process release the lock and exit."""
+    holder.stdin.write("go\n")
+    holder.stdin.flush()

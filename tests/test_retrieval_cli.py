@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fakes import HashEmbedder
+from fakes import HashEmbedder, hold_lock, release
 
 import app.commands.index as index_commands
 import app.loading as common
@@ -37,7 +37,7 @@ def test_ingest_json_lists_added_then_unchanged_and_exits_zero(home):
     result = run("ingest", str(CORPUS), "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)  # progress went to stderr: stdout is pure JSON
-    assert set(report) == {"added", "updated", "unchanged", "failed"}
+    assert set(report) == {"added", "updated", "unchanged", "failed", "links_not_followed"}
     assert len(report["added"]) == len(list(CORPUS.iterdir())) and report["failed"] == []
     assert (home / "index" / "index.faiss").exists()
     again = json.loads(run("ingest", str(CORPUS), "--json").stdout)
@@ -132,3 +132,120 @@ def test_damaged_index_is_a_clean_error_with_rebuild_hint(home):
         assert result.exit_code == 1
         assert "Error: The index in" in result.stderr and "ragspec ingest --index" in result.stderr
         assert "Traceback" not in result.output
+
+
+# -- terminal safety: control characters shown escaped, --json exact ---------------------------
+
+EVIL = "evil\x1b[2J\nFAKE ROW\x07.txt"
+# Two escape sequences in prose: few enough control characters to be text, not binary.
+EVIL_TEXT = ("The pier \x1b[31mRED\x1b[0m closes when the tide is high. "
+             + "Ferries run every hour on weekdays. " * 12)
+
+
+def test_control_characters_in_names_and_text_are_escaped_in_every_human_output(home, tmp_path):
+    path = tmp_path / EVIL
+    path.write_text(EVIL_TEXT)
+    outputs = [run("ingest", str(path), str(tmp_path / "gone\x1b]0;title\x07.txt"))]
+    outputs.append(run("list"))
+    outputs.append(run("search", "pier tide"))
+    outputs.append(run("remove", str(path), "no\x1b[1msuch"))
+    for result in outputs:
+        assert "\x1b" not in result.output and "\x07" not in result.output
+        assert "FAKE ROW" not in result.output or "\\nFAKE ROW" in result.output
+    assert "\\x1b[2J\\nFAKE ROW\\x07.txt" in outputs[0].stdout  # the name, escaped
+    assert "FAILED     " + str(tmp_path / "gone\\x1b]0;title\\x07.txt") in outputs[0].stdout
+    assert len(outputs[1].stdout.splitlines()) == 3  # header, one document, summary
+    assert "\\x1b[31mRED\\x1b[0m" in outputs[2].stdout
+
+
+def test_json_keeps_names_and_text_exactly(home, tmp_path):
+    path = tmp_path / EVIL
+    path.write_text(EVIL_TEXT)
+    assert json.loads(run("ingest", str(path), "--json").stdout)["added"] == [str(path)]
+    assert json.loads(run("list", "--json").stdout)[0]["source"] == str(path.resolve())
+    hit = json.loads(run("search", "pier", "--json").stdout)[0]
+    assert "\x1b[31mRED\x1b[0m" in hit["text"]
+
+
+# -- options of ingest ----------------------------------------------------------------------------
+
+
+def test_links_out_of_the_folder_are_listed_and_followed_on_request(home, tmp_path):
+    (tmp_path / "outside.txt").write_text("Outside the folder.")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "inside.txt").write_text("Inside the folder.")
+    (tmp_path / "docs" / "link.txt").symlink_to(tmp_path / "outside.txt")
+    result = run("ingest", str(tmp_path / "docs"))
+    assert result.exit_code == 0  # a link not followed is not a failure
+    assert f"skipped    {tmp_path / 'docs' / 'link.txt'}: symbolic link to " in result.stdout
+    assert "1 added" in result.stdout
+    followed = json.loads(run("ingest", str(tmp_path / "docs"), "--follow-symlinks",
+                              "--json").stdout)
+    assert followed["added"] == [str(tmp_path / "docs" / "link.txt")]
+    assert followed["links_not_followed"] == []
+
+
+def test_commit_options_are_validated_as_usage_errors(home, tmp_path):
+    assert run("ingest", str(tmp_path), "--commit-every", "0").exit_code == 2
+    assert run("ingest", str(tmp_path), "--commit-seconds", "0").exit_code == 2
+
+
+def test_a_bad_limit_setting_is_one_clear_line(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGSPEC_MAX_CHARS", "-3")
+    result = run("ingest", str(tmp_path))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "Error: RAGSPEC_MAX_CHARS must be > 0, got '-3'"
+
+
+def test_a_second_writer_prints_that_it_waits(home, tmp_path, monkeypatch):
+    index = home / "index"
+    index.mkdir(parents=True)
+    holder = hold_lock(index)
+    say_waiting = index_commands._say_waiting
+
+    def say_then_let_the_other_writer_finish():
+        say_waiting()
+        release(holder)
+
+    monkeypatch.setattr(index_commands, "_say_waiting", say_then_let_the_other_writer_finish)
+    try:
+        (tmp_path / "a.txt").write_text("Berth 2.")
+        result = run("ingest", str(tmp_path / "a.txt"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 0
+    assert "waiting for another ragspec process to finish writing the index..." in result.stderr
+
+
+# -- errors: retrieval problems are one line; bugs are not hidden ---------------------------------
+
+
+class _Unavailable(HashEmbedder):
+    def count_tokens(self, text):
+        from retrieval.errors import EmbedderUnavailableError
+
+        raise EmbedderUnavailableError("The bundled embedding model is missing: install it.")
+
+
+class _Buggy(HashEmbedder):
+    def embed_array(self, texts):
+        raise RuntimeError("a bug in the embedder")
+
+
+def test_a_missing_embedder_is_one_clear_line(home, tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "cached_embedder", lambda name: _Unavailable())
+    (tmp_path / "a.txt").write_text("Berth 2.")
+    result = run("ingest", str(tmp_path / "a.txt"))
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: The bundled embedding model is missing: install it."
+    )
+    assert "Traceback" not in result.output
+
+
+def test_a_bug_is_not_dressed_up_as_a_user_error(home, tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "cached_embedder", lambda name: _Buggy())
+    (tmp_path / "a.txt").write_text("Berth 2.")
+    with pytest.raises(RuntimeError, match="a bug in the embedder"):
+        run("ingest", str(tmp_path / "a.txt"))

@@ -149,7 +149,9 @@ def test_progress_reports_start_each_file_passages_and_outcome(store, tmp_path):
     events: list[IngestEvent] = []
     ingest_paths([tmp_path / "p"], store, progress=events.append)
     assert events[0] == IngestEvent("start", 0, 2)
-    assert [e.kind for e in events if e.kind != "passages"] == ["start", "file", "done", "file", "done"]
+    assert [e.kind for e in events if e.kind != "passages"] == [
+        "start", "file", "done", "file", "done", "commit"
+    ]
     passages = [e for e in events if e.kind == "passages"]
     assert passages and passages[-1].passages_done == passages[-1].passages_total > 1
     assert [e.outcome for e in events if e.kind == "done"] == ["added", "failed"]
@@ -161,6 +163,7 @@ def test_json_report_has_exactly_the_documented_keys(store, tmp_path):
     assert report.to_json() == {
         "added": [], "updated": [], "unchanged": [],
         "failed": [{"path": str(tmp_path / "nope.txt"), "error": "no such file or directory"}],
+        "links_not_followed": [],
     }
 
 

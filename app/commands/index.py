@@ -15,6 +15,7 @@ from dataclasses import asdict
 import click
 
 from app.commands.common import index_option, json_option, open_store
+from app.terminal import printable
 from retrieval.errors import RetrievalError, UnknownDocumentError
 
 
@@ -25,7 +26,9 @@ class _ProgressBar:
         self._bar = None
 
     def __call__(self, event) -> None:  # event: retrieval.ingest.IngestEvent
-        if event.kind == "start":
+        if event.kind == "waiting":
+            _say_waiting()
+        elif event.kind == "start":
             self._bar = click.progressbar(
                 length=max(event.files_total, 1), label="Ingesting", show_pos=True,
                 item_show_func=lambda item: item, file=click.get_text_stream("stderr"),
@@ -49,8 +52,14 @@ class _ProgressBar:
 
 
 def _short(path: str | None, width: int = 40) -> str:
-    path = path or ""
+    path = printable(path or "")
     return path if len(path) <= width else "..." + path[-(width - 3):]
+
+
+def _say_waiting() -> None:
+    from retrieval.lock import WAIT_MESSAGE
+
+    click.echo(WAIT_MESSAGE, err=True)
 
 
 @click.command("ingest")
@@ -58,49 +67,81 @@ def _short(path: str | None, width: int = 40) -> str:
 @index_option
 @click.option("--recursive/--no-recursive", default=True, show_default=True,
               help="Descend into sub-folders of folders given as PATH.")
+@click.option("--follow-symlinks", is_flag=True,
+              help="Follow symbolic links inside folders that point outside them (by default "
+                   "they are listed and skipped).")
+@click.option("--commit-every", default=100, show_default=True, type=click.IntRange(min=1),
+              metavar="N", help="Commit to the index after every N finished files...")
+@click.option("--commit-seconds", default=30.0, show_default=True,
+              type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="...or after S seconds, whichever comes first.")
 @json_option
-def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, as_json: bool) -> None:
+def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_symlinks: bool,
+           commit_every: int, commit_seconds: float, as_json: bool) -> None:
     """Add files and folders to the index, or bring changed files up to date.
 
     Supported: PDF, plain text, Markdown, HTML and Word (.docx) files. Unchanged files are
     skipped (by content hash); changed files replace their old passages. A file that cannot be
-    read is reported and the others are still ingested; the exit status is then 1. Files larger
-    than RAGSPEC_MAX_FILE_MB megabytes (default 50) are refused before being read.
-    """
-    from retrieval.ingest import SUPPORTED_SUFFIXES, ingest_paths
+    read is reported and the others are still ingested; the exit status is then 1.
 
+    Finished files are committed in batches (--commit-every, --commit-seconds): if the command
+    is interrupted, what was committed stays, and running it again finishes the rest. The index
+    is locked only while committing; another writer waits for its turn.
+
+    \b
+    Limits per file (environment variables; see the README):
+      RAGSPEC_MAX_FILE_MB (50), RAGSPEC_MAX_PDF_PAGES (2000), RAGSPEC_MAX_CHARS (10000000),
+      RAGSPEC_MAX_UNZIPPED_MB (128), RAGSPEC_MAX_ZIP_RATIO (200)
+    """
+    from retrieval.ingest import ingest_paths
+    from retrieval.limits import IngestLimits
+
+    try:
+        limits = IngestLimits.from_env()
+    except ValueError as exc:  # a RAGSPEC_MAX_* setting that is not a positive number
+        raise click.ClickException(str(exc)) from exc
     store = open_store(index)
     bar = _ProgressBar()
     try:
-        report = ingest_paths(list(paths_), store, recursive=recursive, progress=bar)
-    except (RetrievalError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        report = ingest_paths(
+            list(paths_), store, recursive=recursive, progress=bar, limits=limits,
+            commit_every=commit_every, commit_seconds=commit_seconds,
+            follow_symlinks=follow_symlinks,
+        )
+    except RetrievalError as exc:
+        raise click.ClickException(printable(str(exc))) from exc
     finally:
         bar.close()
     if as_json:
         click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
     else:
-        for path in report.added:
-            click.echo(f"added      {path}")
-        for path in report.updated:
-            click.echo(f"updated    {path}")
-        for path in report.unchanged:
-            click.echo(f"unchanged  {path}")
-        for path, error in report.failed:
-            click.echo(f"FAILED     {path}: {error}")
-        click.echo(
-            f"{len(report.added)} added, {len(report.updated)} updated, "
-            f"{len(report.unchanged)} unchanged, {len(report.failed)} failed; "
-            f"{report.passages_added} new passages. Index {store.index_dir}: "
-            f"{len(store.documents())} documents, {store.passage_count()} passages."
-        )
-        if report.skipped:
-            click.echo(
-                f"Skipped {len(report.skipped)} file(s) of other types inside folders "
-                f"(supported: {', '.join(SUPPORTED_SUFFIXES)})."
-            )
+        _print_report(report, store)
     if report.failed:
         sys.exit(1)
+
+
+def _print_report(report, store) -> None:
+    from retrieval.ingest import SUPPORTED_SUFFIXES
+
+    rows = ([("added", p, None) for p in report.added]
+            + [("updated", p, None) for p in report.updated]
+            + [("unchanged", p, None) for p in report.unchanged]
+            + [("FAILED", p, why) for p, why in report.failed]
+            + [("skipped", p, why) for p, why in report.links])
+    for label, path, why in rows:
+        reason = f": {printable(why)}" if why is not None else ""
+        click.echo(f"{label:<10} {printable(path)}{reason}")
+    click.echo(
+        f"{len(report.added)} added, {len(report.updated)} updated, "
+        f"{len(report.unchanged)} unchanged, {len(report.failed)} failed; "
+        f"{report.passages_added} new passages. Index {printable(str(store.index_dir))}: "
+        f"{len(store.documents())} documents, {store.passage_count()} passages."
+    )
+    if report.skipped:
+        click.echo(
+            f"Skipped {len(report.skipped)} file(s) of other types inside folders "
+            f"(supported: {', '.join(SUPPORTED_SUFFIXES)})."
+        )
 
 
 @click.command("list")
@@ -114,13 +155,16 @@ def list_cmd(index: str | None, as_json: bool) -> None:
         click.echo(json.dumps([asdict(d) for d in documents], ensure_ascii=False, indent=2))
         return
     if not documents:
-        click.echo(f"The index in {store.index_dir} is empty; add files with `ragspec ingest PATH`.")
+        click.echo(f"The index in {printable(str(store.index_dir))} is empty; add files with "
+                   "`ragspec ingest PATH`.")
         return
     click.echo(f"{'ID':<12}  {'PASSAGES':>8}  {'SIZE':>9}  {'INGESTED (UTC)':<19}  SOURCE")
     for d in documents:
         when = d.ingested_at.replace("T", " ")[:19]
-        click.echo(f"{d.doc_id:<12}  {d.passages:>8}  {_size(d.size_bytes):>9}  {when:<19}  {d.source}")
-    click.echo(f"{len(documents)} documents, {store.passage_count()} passages in {store.index_dir}")
+        click.echo(f"{d.doc_id:<12}  {d.passages:>8}  {_size(d.size_bytes):>9}  {when:<19}  "
+                   f"{printable(d.source)}")
+    click.echo(f"{len(documents)} documents, {store.passage_count()} passages in "
+               f"{printable(str(store.index_dir))}")
 
 
 def _size(n: int) -> str:
@@ -140,14 +184,14 @@ def remove(docs: tuple[str, ...], index: str | None, as_json: bool) -> None:
     store = open_store(index, with_embedder=False)
     removed, failed = [], []
     try:
-        with store.writing():
+        with store.writing(on_wait=_say_waiting):
             for doc in docs:
                 try:
                     removed.append(store.remove(doc))
                 except UnknownDocumentError as exc:
                     failed.append((doc, str(exc)))
     except RetrievalError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(printable(str(exc))) from exc
     if as_json:
         click.echo(json.dumps({
             "removed": [asdict(d) for d in removed],
@@ -155,9 +199,9 @@ def remove(docs: tuple[str, ...], index: str | None, as_json: bool) -> None:
         }, ensure_ascii=False, indent=2))
     else:
         for d in removed:
-            click.echo(f"removed  {d.source} ({d.passages} passages)")
+            click.echo(f"removed  {printable(d.source)} ({d.passages} passages)")
         for doc, error in failed:
-            click.echo(f"FAILED   {doc}: {error}")
+            click.echo(f"FAILED   {printable(doc)}: {printable(error)}")
     if failed:
         sys.exit(1)
 
@@ -173,8 +217,8 @@ def search(query: tuple[str, ...], k: int, index: str | None, as_json: bool) -> 
     store = open_store(index)
     try:
         hits = store.search(" ".join(query), k=k)
-    except (RetrievalError, RuntimeError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    except RetrievalError as exc:
+        raise click.ClickException(printable(str(exc))) from exc
     if as_json:
         click.echo(json.dumps([
             {"score": round(h.score, 6), "text": h.passage.text, "source": h.passage.source,
@@ -183,12 +227,15 @@ def search(query: tuple[str, ...], k: int, index: str | None, as_json: bool) -> 
         ], ensure_ascii=False, indent=2))
         return
     if not hits:
-        click.echo(f"The index in {store.index_dir} is empty; add files with `ragspec ingest PATH`.")
+        click.echo(f"The index in {printable(str(store.index_dir))} is empty; add files with "
+                   "`ragspec ingest PATH`.")
         return
     for rank, h in enumerate(hits, start=1):
         page = f" p.{h.passage.page}" if h.passage.page is not None else ""
-        click.echo(f"[{rank}] {h.score:.3f}  {h.passage.source}{page} @{h.passage.start}")
-        click.echo(textwrap.indent(textwrap.fill(" ".join(h.passage.text.split()), 96), "    "))
+        click.echo(f"[{rank}] {h.score:.3f}  {printable(h.passage.source)}{page} "
+                   f"@{h.passage.start}")
+        text = printable(" ".join(h.passage.text.split()))
+        click.echo(textwrap.indent(textwrap.fill(text, 96), "    "))
         click.echo()
 
 
