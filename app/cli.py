@@ -19,7 +19,7 @@ def main() -> None:
 
 
 # Modules under app/commands whose COMMANDS lists make up the CLI.
-COMMAND_MODULES = ("generate", "index", "bench", "ask", "ui")
+COMMAND_MODULES = ("generate", "index", "bench", "ask", "ui", "chats")
 
 
 def _register() -> None:
