@@ -181,18 +181,18 @@ def ingest_upload(root: Path, name: str, data: bytes, store, *,
             report = ingest_paths([stored.path], store, progress=progress)
         except (RetrievalError, OSError, ValueError) as exc:
             stored.undo()
-            return UploadOutcome(stored.path.name, "failed", _public(str(exc), root))
+            return UploadOutcome(safe, "failed", _public(str(exc), root))
         except BaseException:  # Ctrl-C, or the page rerunning mid-ingest: leave no trace
             stored.undo()
             raise
-    shown = stored.path.name
     if report.failed:
         stored.undo()
-        return UploadOutcome(shown, "failed", _public(report.failed[0][1], root))
+        return UploadOutcome(safe, "failed", _public(report.failed[0][1], root))
     if report.unchanged:
-        return UploadOutcome(shown, "unchanged", "already in the index, unchanged")
+        known = "" if stored.path.name == safe else f" as {stored.path.name}"
+        return UploadOutcome(safe, "unchanged", f"already in the index{known}, unchanged")
     status = "updated" if report.updated else "added"
-    return UploadOutcome(shown, status, f"{status} ({report.passages_added} passages)",
+    return UploadOutcome(safe, status, f"{status} ({report.passages_added} passages)",
                          report.passages_added)
 
 
