@@ -55,12 +55,6 @@ def current_store(index_dir: str):
                          os.environ.get(EMBEDDER_ENV) or None)
 
 
-@st.cache_resource(max_entries=2)
-def get_models(choices: tuple[ui_models.ModelChoice, ...], max_loaded: int):
-    # Keyed by the offered list: at most max_loaded of these generators stay in memory.
-    return ui_models.ModelRegistry(choices, max_loaded=max_loaded)
-
-
 @st.cache_resource
 def get_index_lock() -> threading.Lock:
     # Uploads, removals and searches share one in-memory store per index: one at a time.
@@ -89,7 +83,7 @@ index_dir = str(paths.index_dir(os.environ.get("RAGSPEC_UI_INDEX")))
 upload_root = paths.home() / "uploads"
 chats = ChatStore(paths.home() / "chats")
 choices = ui_models.from_env()
-models = get_models(choices, ui_models.max_loaded_from_env(choices))
+models = ui_models.registry_for(choices, ui_models.max_loaded_from_env(choices))
 
 store = None
 try:

@@ -156,3 +156,20 @@ class ModelRegistry:
                 logger.info("unloading model %s to make room", dropped)
             self._loaded[name] = self._loader(self._specs[name])
             return self._loaded[name]
+
+
+_registries: OrderedDict[tuple, ModelRegistry] = OrderedDict()
+_registries_lock = threading.Lock()
+
+
+def registry_for(choices: Sequence[ModelChoice], max_loaded: int) -> ModelRegistry:
+    """The process's registry for this offered list, shared by every session. Keyed by the list,
+    so a page started with other models gets its own (the latest two lists are kept)."""
+    key = (tuple(choices), max_loaded)
+    with _registries_lock:
+        if key not in _registries:
+            _registries[key] = ModelRegistry(choices, max_loaded=max_loaded)
+            while len(_registries) > 2:
+                _registries.popitem(last=False)
+        _registries.move_to_end(key)
+        return _registries[key]
