@@ -1,0 +1,50 @@
+"""`ragspec ui` starts Streamlit with its upload limit tied to RAGSPEC_MAX_FILE_MB, so an upload
+over ragspec's own limit is refused by Streamlit before it is buffered in memory."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from app.cli import main
+from app.commands.ui import streamlit_argv
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize("megabytes, expected", [
+    (None, "50"), ("50", "50"), ("120.5", "121"), ("0.002", "1"), ("1", "1"),
+])
+def test_streamlit_upload_limit_follows_ragspec_max_file_mb(monkeypatch, megabytes, expected):
+    if megabytes is None:
+        monkeypatch.delenv("RAGSPEC_MAX_FILE_MB", raising=False)
+    else:
+        monkeypatch.setenv("RAGSPEC_MAX_FILE_MB", megabytes)
+    assert option(streamlit_argv(8501, "localhost"), "--server.maxUploadSize") == expected
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """Records the command `ragspec ui` would replace itself with, instead of running it."""
+    calls = []
+    monkeypatch.setattr("app.commands.ui.os.execve", lambda *args: calls.append(args))
+    return calls
+
+
+def test_ui_passes_the_limit_and_the_offered_models_to_streamlit(monkeypatch, started):
+    monkeypatch.setenv("RAGSPEC_MAX_FILE_MB", "3")
+    result = CliRunner().invoke(main, ["ui", "--port", "8600", "--model", "a=/models/a"])
+    assert result.exit_code == 0, result.output
+    (_, argv, env), = started
+    assert option(argv, "--server.maxUploadSize") == "3" and option(argv, "--server.port") == "8600"
+    assert env["RAGSPEC_UI_MODELS"] == '[["a", "/models/a"]]'
+
+
+def test_a_bad_limit_is_a_usage_error_not_a_traceback(monkeypatch, started):
+    monkeypatch.setenv("RAGSPEC_MAX_FILE_MB", "lots")
+    result = CliRunner().invoke(main, ["ui"])
+    assert not started and result.exit_code == 2
+    assert "RAGSPEC_MAX_FILE_MB='lots' is not a number" in result.output
+    assert "Traceback" not in result.output
