@@ -4,6 +4,7 @@ what Streamlit would turn into a link, an image or a script."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -48,7 +49,9 @@ def fast_page(monkeypatch, home: Path, models: list[list[str]] | None = None,
     else:
         monkeypatch.delenv("RAGSPEC_UI_MODELS", raising=False)
     monkeypatch.setattr("retrieval.embeddings.Embedder", lambda name=None: HashEmbedder())
-    common.cached_embedder.cache_clear()
+    # A cache of its own for this test, so no other test is handed the HashEmbedder later.
+    monkeypatch.setattr(common, "cached_embedder",
+                        functools.lru_cache(maxsize=2)(common.cached_embedder.__wrapped__))
     st.cache_resource.clear()
 
 
