@@ -70,6 +70,9 @@ class ChatSummary:
                 "updated_at": self.updated_at, "messages": self.messages}
 
 
+_SUMMARIES: dict[str, tuple[tuple[int, int], ChatSummary]] = {}  # path -> (mtime, size), summary
+
+
 class ChatStore:
     """The chats in one folder (see the module docstring)."""
 
@@ -127,20 +130,37 @@ class ChatStore:
         with self._lock():
             if not path.is_file():
                 raise ChatError(f"no chat {chat_id} in {self.root}")
+            _SUMMARIES.pop(str(path.resolve()), None)
             path.unlink()
 
     def list(self) -> list[ChatSummary]:
         """Readable chats, most recently updated first (damaged files are skipped)."""
         out = []
         for path in self.root.glob("*.json") if self.root.is_dir() else ():
-            try:
-                chat = self.load(path.stem)
-            except ChatError:
-                continue
-            out.append(ChatSummary(chat["id"], chat.get("title") or "(untitled)",
-                                   chat.get("created_at", ""), chat.get("updated_at", ""),
-                                   len(chat["messages"])))
+            summary = self._summary(path)
+            if summary is not None:
+                out.append(summary)
         return sorted(out, key=lambda c: (c.updated_at, c.id), reverse=True)
+
+    def _summary(self, path: Path) -> ChatSummary | None:
+        # The sidebar lists the chats on every page run: parse a file again only when it changed.
+        try:
+            stat = path.stat()
+        except OSError:
+            return None
+        key, stamp = str(path.resolve()), (stat.st_mtime_ns, stat.st_size)
+        cached = _SUMMARIES.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            chat = self.load(path.stem)
+        except ChatError:
+            return None
+        summary = ChatSummary(chat["id"], chat.get("title") or "(untitled)",
+                              chat.get("created_at", ""), chat.get("updated_at", ""),
+                              len(chat["messages"]))
+        _SUMMARIES[key] = (stamp, summary)
+        return summary
 
     def find(self, ref: str) -> str:
         """The id of the chat named by `ref`: its id or a unique prefix of 4+ characters."""

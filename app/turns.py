@@ -12,10 +12,14 @@ Contract:
     asked to end at its next step (`stop_requested`, and the hook set with `on_stop`, e.g. a
     GenerationStream's stop).
   * A turn that raises is logged and finished; the worker goes on with the next.
+  * `shutdown(timeout)` (registered at exit for the shared queue): every turn is stopped and the
+    worker given a moment to finish its step, so a server that is stopped mid-answer saves
+    what was written instead of dying inside a forward.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import secrets
 import threading
@@ -105,6 +109,15 @@ class TurnQueue:
         with self._cond:
             return len(self._turns)
 
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop every turn (waiting ones first, so none starts) and wait for the running one."""
+        with self._cond:
+            turns = list(self._turns)
+        for turn in reversed(turns):
+            turn.stop()
+        if turns:
+            turns[0].wait(timeout)
+
     def _drop_waiting(self, turn: Turn) -> bool:
         with self._cond:
             if turn.state != "waiting" or turn not in self._turns:
@@ -152,4 +165,5 @@ def shared_queue() -> TurnQueue:
     with _shared_lock:
         if _shared is None:
             _shared = TurnQueue()
+            atexit.register(_shared.shutdown)
         return _shared

@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 
 import pytest
+from ui_support import answers_html, saved_chat, settle
 
 from tests.conftest import MODEL_CACHE
-from ui_support import answers_html, saved_chat, settle
 
 pytestmark = pytest.mark.slow
 

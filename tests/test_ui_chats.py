@@ -8,21 +8,20 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from ui_support import (
+    answers_html,
+    new_session,
+    saved_chat,
+    settle,
+    texts,
+    tiny_page,
+)
 
 from app import chats as ch
 from app.chat_export import chat_markdown
 from app.cli import main
 from decoding.types import GenerationStats, Span, SpanOrigin
 from retrieval.records import Passage
-from ui_support import (
-    answers_html,
-    fast_page,
-    new_session,
-    saved_chat,
-    settle,
-    texts,
-    tiny_model_folder,
-)
 
 PASSAGE = Passage(id="d-1", doc_id="d", source="/srv/docs/ops guide.md", page=2, start=10,
                   text="The metrics endpoint listens on port 7432.\nIt serves /metrics only.")
@@ -76,6 +75,17 @@ def test_writes_are_atomic_and_damaged_or_foreign_files_are_refused(tmp_path):
             store.path(bad)
 
 
+def test_the_list_follows_every_change(tmp_path):
+    store = ch.ChatStore(tmp_path)
+    chat = saved_answer(store)
+    assert [(c.title, c.messages) for c in store.list()] == [("Which port?", 2)]
+    store.update(chat["id"], lambda c: (c.update(title="Renamed"),
+                                        c["messages"].append(ch.user_message("More?"))))
+    assert [(c.title, c.messages) for c in store.list()] == [("Renamed", 3)]
+    store.delete(chat["id"])
+    assert store.list() == []
+
+
 def test_find_takes_an_id_or_a_unique_prefix(tmp_path):
     store = ch.ChatStore(tmp_path)
     one, two = store.create(), store.create()
@@ -97,21 +107,9 @@ def test_markdown_export_cites_the_passages(tmp_path):
 
 # -- the page ---------------------------------------------------------------------------------
 
-DOC = b"""# Metrics
-
-The metrics endpoint of the daemon listens on port 7432 and serves /metrics only.
-Job logs are kept for 14 days by default.
-"""
-
-
 @pytest.fixture
 def page(tmp_path, monkeypatch):
-    folder = tiny_model_folder(tmp_path / "tiny")
-    fast_page(monkeypatch, tmp_path / "home", models=[["tiny", str(folder)]],
-              model_cache=tmp_path / "cache")
-    at = new_session()
-    at.file_uploader[0].set_value(("metrics.md", DOC, "text/markdown"))
-    at.run()
+    at = tiny_page(tmp_path, monkeypatch)
     at.number_input(key="max_new_tokens").set_value(48)
     at.toggle(key="adaptive").set_value(False)  # draft whenever the context offers a match
     return at
@@ -135,7 +133,6 @@ def test_a_reloaded_chat_shows_the_same_answer_highlights_and_passages(page):
 
     # a new browser session (a reload) with the chat in the address
     from streamlit.testing.v1 import AppTest
-
     from ui_support import APP
 
     again = AppTest.from_file(APP, default_timeout=60)
@@ -176,7 +173,6 @@ def test_the_sidebar_lists_opens_starts_and_deletes_chats(page):
 
 def test_an_unknown_chat_in_the_address_opens_a_new_chat(page, tmp_path):
     from streamlit.testing.v1 import AppTest
-
     from ui_support import APP
 
     at = AppTest.from_file(APP, default_timeout=60)

@@ -3,15 +3,30 @@ over ragspec's own limit is refused by Streamlit before it is buffered in memory
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
 from app.cli import main
-from app.commands.ui import streamlit_argv
+from app.commands.ui import UI_SCRIPT, streamlit_argv, streamlit_env, ui
 
 
 def option(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
+
+
+def test_ui_command_serves_the_app_headless(tmp_path):
+    argv = streamlit_argv(8600, "127.0.0.1")
+    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4] == str(UI_SCRIPT)
+    assert Path(argv[4]).is_file()
+    assert option(argv, "--server.port") == "8600" and option(argv, "--server.headless") == "true"
+    env = streamlit_env(str(tmp_path), ("some/model",))
+    assert env["RAGSPEC_UI_INDEX"] == str(tmp_path)
+    assert env["RAGSPEC_UI_MODELS"] == '[["some/model", "some/model"]]'
+    assert str(UI_SCRIPT.parent.parent) in env["PYTHONPATH"]
+    result = CliRunner().invoke(ui, ["--help"])
+    assert result.exit_code == 0 and "--port" in result.output and "--host" in result.output
 
 
 @pytest.mark.parametrize("megabytes, expected", [

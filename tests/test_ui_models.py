@@ -8,11 +8,18 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from ui_support import (
+    element_strings,
+    fast_page,
+    new_session,
+    saved_chat,
+    settle,
+    tiny_model_folder,
+)
 
 from app import ui_models as um
 from app.cli import main
 from app.commands.ui import streamlit_env
-from ui_support import element_strings, fast_page, new_session, saved_chat, settle, tiny_model_folder
 
 
 def test_names_default_to_the_folder_name_or_the_hub_id(tmp_path):

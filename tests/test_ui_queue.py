@@ -15,18 +15,17 @@ import threading
 import time
 
 import pytest
-
-from app.answering import ACTIVE
-from app.turns import Turn, TurnQueue, shared_queue
 from ui_support import (
-    fast_page,
     new_session,
     saved_chat,
     settle,
     texts,
-    tiny_model_folder,
+    tiny_page,
     wait_for,
 )
+
+from app.answering import ACTIVE
+from app.turns import Turn, TurnQueue, shared_queue
 
 
 class Recorder(Turn):
@@ -90,6 +89,16 @@ def test_stopping_a_running_turn_calls_its_hook_and_frees_the_queue():
     assert log[:3] == [("start", "a"), ("stopped", "a"), ("end", "a")]
 
 
+def test_shutdown_stops_the_running_turn_and_cancels_the_waiting_ones():
+    queue, log, gate = TurnQueue("test"), [], threading.Event()
+    first = queue.submit(Recorder(log, "a", gate))
+    wait_for(lambda: first.state == "running", what="the first turn to start")
+    queue.submit(Recorder(log, "b"))
+    queue.shutdown(timeout=10)
+    assert first.finished and len(queue) == 0
+    assert log == [("start", "a"), ("cancelled", "b"), ("stopped", "a"), ("end", "a")]
+
+
 def test_a_failing_turn_does_not_stop_the_worker():
     queue, log = TurnQueue("test"), []
     queue.submit(Recorder(log, "a", fail=True))
@@ -100,18 +109,8 @@ def test_a_failing_turn_does_not_stop_the_worker():
 
 # -- the page, two sessions -------------------------------------------------------------------
 
-DOC = b"""# Metrics
-
-The metrics endpoint of the daemon listens on port 7432 and serves /metrics only.
-Job logs are kept for 14 days by default.
-"""
-
-
 @pytest.fixture
 def two_users(tmp_path, monkeypatch):
-    folder = tiny_model_folder(tmp_path / "tiny")
-    fast_page(monkeypatch, tmp_path / "home", models=[["tiny", str(folder)]],
-              model_cache=tmp_path / "cache")
     from decoding.engine import Generator
 
     forward = Generator._forward
@@ -121,9 +120,7 @@ def two_users(tmp_path, monkeypatch):
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(Generator, "_forward", slow_forward)
-    a = new_session()
-    a.file_uploader[0].set_value(("metrics.md", DOC, "text/markdown"))
-    a.run()
+    a = tiny_page(tmp_path, monkeypatch)
     b = new_session()
     for at in (a, b):
         at.toggle(key="speculate").set_value(False)  # one forward per token: a steady pace

@@ -10,13 +10,13 @@ import os
 from pathlib import Path
 
 import pytest
+from fakes import HashEmbedder
 from filelock import FileLock, Timeout
+from ui_support import fast_page, new_session, texts
 
 from app import uploads
-from fakes import HashEmbedder
 from retrieval import persist
 from retrieval.store import PassageStore
-from ui_support import fast_page, new_session, texts
 
 NOTES_A = b"# Notes\n\nThe metrics endpoint listens on port 7432.\n"
 NOTES_B = b"# Notes\n\nJob logs are kept for 14 days by default.\n"

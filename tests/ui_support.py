@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 
 from bs4 import BeautifulSoup
-from markdown_it import MarkdownIt
-
 from conftest import make_char_tokenizer, make_tiny_model
 from fakes import HashEmbedder
+from markdown_it import MarkdownIt
 
 APP = str(Path(__file__).resolve().parent.parent / "app" / "ui.py")
 
@@ -53,6 +52,24 @@ def fast_page(monkeypatch, home: Path, models: list[list[str]] | None = None,
     monkeypatch.setattr(common, "cached_embedder",
                         functools.lru_cache(maxsize=2)(common.cached_embedder.__wrapped__))
     st.cache_resource.clear()
+
+
+METRICS_DOC = b"""# Metrics
+
+The metrics endpoint of the daemon listens on port 7432 and serves /metrics only.
+Job logs are kept for 14 days by default.
+"""
+
+
+def tiny_page(tmp_path: Path, monkeypatch):
+    """A session of the page offering one tiny model ("tiny"), with METRICS_DOC uploaded."""
+    folder = tiny_model_folder(tmp_path / "tiny")
+    fast_page(monkeypatch, tmp_path / "home", models=[["tiny", str(folder)]],
+              model_cache=tmp_path / "cache")
+    at = new_session()
+    at.file_uploader[0].set_value(("metrics.md", METRICS_DOC, "text/markdown"))
+    at.run()
+    return at
 
 
 def new_session(timeout: float = 120):
