@@ -142,7 +142,7 @@ def test_browser_upload_ask_and_see_highlighted_spans(chromium, tmp_path):
         set_number(page, "Maximum answer tokens", 32)
         ask(page, QUESTION)
         # "Passages used" appears once the answer is complete and saved
-        page.get_by_text("Passages used").first.wait_for(timeout=420_000)
+        page.get_by_text("Passages used").first.wait_for(timeout=800_000)
 
         marks = page.locator("div.rs-answer mark.rs-draft")
         assert marks.count() > 0, "expected highlighted accepted drafts in the answer"
@@ -246,7 +246,7 @@ def test_browser_two_users_queue_and_stop(chromium, tmp_path):
             set_number(page, "Maximum answer tokens", tokens)
 
         ask(first, QUESTION)
-        first.locator("div.rs-answer").first.wait_for(timeout=300_000)  # being written
+        first.locator("div.rs-answer").first.wait_for(timeout=600_000)  # being written
         ask(second, "How long are job logs kept?")
         second.get_by_text("Waiting for 1 answer ahead").wait_for()
 
@@ -254,7 +254,7 @@ def test_browser_two_users_queue_and_stop(chromium, tmp_path):
         first.get_by_text("Stopped: the answer ends where Stop was pressed").wait_for()
         kept = first.locator("div.rs-answer").first.inner_text()
         assert kept.strip()
-        second.get_by_text("Passages used").first.wait_for(timeout=300_000)
+        second.get_by_text("Passages used").first.wait_for(timeout=600_000)
         assert second.get_by_text("Waiting for").count() == 0
         first.reload()
         first.get_by_text("Stopped: the answer ends where Stop was pressed").wait_for()
