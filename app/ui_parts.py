@@ -2,8 +2,9 @@
 
 Contract: every user-controlled string (questions, answers, passages, file names, chat titles,
 model names, error text) reaches Streamlit through `app.render.escape_text` — inside our own
-HTML blocks, or with `inline=True` for Markdown elements, labels and tooltips. No tooltip holds
-a server path. The page (app/ui.py) only calls these in its order: sidebar, session state,
+HTML blocks, or with `inline=True` for Markdown elements, labels and tooltips (a selectbox's
+options are the exception: Streamlit shows them as plain text, so model names go in as they
+are). No tooltip holds a server path. The page (app/ui.py) only calls these in its order: sidebar, session state,
 history, live answer, chat input.
 """
 

@@ -9,7 +9,9 @@ import json
 import pytest
 from click.testing import CliRunner
 from ui_support import (
+    APP,
     answers_html,
+    fast_page,
     new_session,
     saved_chat,
     settle,
@@ -169,6 +171,22 @@ def test_the_sidebar_lists_opens_starts_and_deletes_chats(page):
         [f"chat-{second}"]
     at.run()  # the first session still shows its open (second) chat
     assert at.query_params["chat"] == second and len(answers_html(at)) == 1
+
+
+def test_an_answer_cut_off_by_a_server_stop_is_shown_as_interrupted(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    fast_page(monkeypatch, tmp_path / "home")
+    store = ch.ChatStore(tmp_path / "home" / "chats")
+    chat = saved_answer(store)
+    store.update(chat["id"], lambda c: c["messages"][1].update(status="generating"))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params["chat"] = chat["id"]
+    at.run()
+    assert not at.exception, at.exception
+    assert any("interrupted" in t for t in texts(at.warning))
+    assert len(answers_html(at)) == 1 and "port 7432" in answers_html(at)[0]
+    assert not at.chat_input[0].proto.disabled  # no job holds this chat
 
 
 def test_an_unknown_chat_in_the_address_opens_a_new_chat(page, tmp_path):
