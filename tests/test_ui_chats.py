@@ -135,7 +135,6 @@ def test_a_reloaded_chat_shows_the_same_answer_highlights_and_passages(page):
 
     # a new browser session (a reload) with the chat in the address
     from streamlit.testing.v1 import AppTest
-    from ui_support import APP
 
     again = AppTest.from_file(APP, default_timeout=60)
     again.query_params["chat"] = chat_id
@@ -191,7 +190,6 @@ def test_an_answer_cut_off_by_a_server_stop_is_shown_as_interrupted(tmp_path, mo
 
 def test_an_unknown_chat_in_the_address_opens_a_new_chat(page, tmp_path):
     from streamlit.testing.v1 import AppTest
-    from ui_support import APP
 
     at = AppTest.from_file(APP, default_timeout=60)
     at.query_params["chat"] = "../../etc/passwd"
