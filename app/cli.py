@@ -19,7 +19,7 @@ def main() -> None:
 
 
 # Modules under app/commands whose COMMANDS lists make up the CLI.
-COMMAND_MODULES = ("generate", "index", "bench", "calibrate", "ask", "ui", "pull")
+COMMAND_MODULES = ("generate", "index", "bench", "calibrate", "ask", "ui", "chats", "pull")
 
 
 def _register() -> None:

@@ -1,10 +1,17 @@
 """Spans and passages to safe HTML for the Streamlit page (and small helpers the UI and CLI share).
 
-Contract: every piece of document or model text goes through `escape_text`, which makes it inert
-both as HTML (`<`, `>`, `&`, quotes) and as the Markdown that st.markdown would otherwise apply
-(`*`, `_`, `#`, `[`, `$`, `:` ... become character references, newlines become <br>), so a
-passage containing "<script>" or "**bold**" shows exactly those characters. The HTML returned is
-one line starting with a <div>, which Markdown passes through as a raw HTML block.
+Contract: every user-controlled string (document and model text, file names, error messages,
+model names) goes through `escape_text` before any Streamlit element that renders Markdown. It
+makes the text inert both as HTML (`<`, `>`, `&`, quotes) and as the Markdown Streamlit applies
+(`*`, `_`, `#`, `[`, `$`, `:` ... become character references), so a passage containing
+"<script>" or "**bold**" shows exactly those characters. Two modes:
+  * block (default), for text inside our own one-line HTML that starts with a <div> (answers,
+    passages): Markdown passes such a line through as a raw HTML block; newlines become <br>.
+  * `inline=True`, for Markdown elements (st.error/info/success/warning/caption, button labels
+    and `help=` tooltips, expander labels, progress text): control characters are shown escaped
+    (`\n`, `\x00`), and "://", "www." and "@" get an invisible word joiner, because Streamlit's
+    GitHub-flavoured Markdown turns URL- and e-mail-like text into links after decoding the
+    character references.
 
 Drafted spans are <mark class="rs-draft"> with a `title` (shown on hover) naming the passage and
 character range they were copied from; passages are rendered with their copied ranges marked the
@@ -13,8 +20,11 @@ same way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from app.terminal import printable
 
 DRAFT_COLOUR = "#ffe38a"
 OWN_COLOUR = "#d5ecff"
@@ -33,8 +43,20 @@ mark.rs-draft {{ background: {DRAFT_COLOUR}; padding: 0 1px; border-radius: 3px;
 </style>"""
 
 
-def escape_text(text: str) -> str:
-    """Text as inert HTML: no tag, entity, Markdown or Streamlit directive survives."""
+# What GitHub-flavoured Markdown autolinks in plain text: a scheme's "://", "www." and e-mail
+# addresses. A word joiner (U+2060, invisible, no line break) splits each pattern.
+_AUTOLINK = re.compile(r"(?<=:)(?=//)|(?i:(?<=www)(?=\.))|(?<=@)")
+_JOINER = "\u2060"
+
+
+def escape_text(text: str, *, inline: bool = False) -> str:
+    """Text as inert markup: no tag, entity, link, Markdown or Streamlit directive survives.
+
+    inline=False: for our own HTML blocks (newlines become <br>). inline=True: for Markdown
+    elements and tooltips (control characters shown escaped, autolinks defused).
+    """
+    if inline:
+        text = _AUTOLINK.sub(_JOINER, printable(text))
     return text.translate(_ENTITIES)
 
 

@@ -66,11 +66,6 @@ class LoadedModel:
                 f"({self.speculation_off_reason}); generating without drafts")
 
     @property
-    def context_length(self) -> int:
-        cfg = self.model.config
-        return int(getattr(cfg, "max_position_embeddings", 0) or 2048)
-
-    @property
     def eos_token_ids(self) -> set[int]:
         ids: set[int] = set()
         for source in (self.model.generation_config, self.model.config):

@@ -37,6 +37,13 @@ _ENV = {
 ENV_FOR = {field: name for name, (field, _) in _ENV.items()}
 
 
+def size_text(n: int | float) -> str:
+    """A byte count for people: '512 bytes', '3.5 KiB', '51.0 MiB'."""
+    if n < 1024:
+        return f"{n:.0f} bytes"
+    return f"{n / 1024:.1f} KiB" if n < MiB else f"{n / MiB:,.1f} MiB"
+
+
 @dataclass(frozen=True)
 class IngestLimits:
     """See the module docstring; every value must be > 0."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrieval.errors import LoadError
-from retrieval.limits import ENV_FOR
+from retrieval.limits import ENV_FOR, size_text
 from retrieval.loaders import supported, unsupported_message
 
 
@@ -148,10 +148,6 @@ def read_once(path: Path, max_bytes: int) -> bytes:
 
 def _too_big(size: int, limit: int) -> LoadError:
     return LoadError(
-        f"the file is {_mib(size)}, over the size limit of {_mib(limit)}; split it, or raise "
-        f"the limit with {ENV_FOR['max_file_bytes']}"
+        f"the file is {size_text(size)}, over the size limit of {size_text(limit)}; split it, or "
+        f"raise the limit with {ENV_FOR['max_file_bytes']}"
     )
-
-
-def _mib(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size} bytes"

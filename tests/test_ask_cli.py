@@ -4,13 +4,11 @@ converted bundled model is shared through RAGSPEC_MODEL_CACHE, so it is converte
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from app.commands.ask import ask
-from app.commands.ui import UI_SCRIPT, streamlit_argv, streamlit_env, ui
 from tests.conftest import MODEL_CACHE
 
 DOC = ("The metrics endpoint of the daemon listens on port 7432 and serves /metrics only.\n"
@@ -79,16 +77,3 @@ def test_ask_prints_answer_stats_and_passages(indexed):
     assert result.exit_code == 0, result.output
     assert "tokens in" in result.output and "Passages" in result.output
     assert "metrics.txt" in result.output
-
-
-def test_ui_command_serves_the_app_headless(tmp_path):
-    argv = streamlit_argv(8600, "127.0.0.1")
-    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4] == str(UI_SCRIPT)
-    assert Path(argv[4]).is_file()
-    assert argv[argv.index("--server.port") + 1] == "8600"
-    assert argv[argv.index("--server.headless") + 1] == "true"
-    env = streamlit_env(str(tmp_path), "some/model")
-    assert env["RAGSPEC_UI_INDEX"] == str(tmp_path) and env["RAGSPEC_UI_MODEL"] == "some/model"
-    assert str(UI_SCRIPT.parent.parent) in env["PYTHONPATH"]
-    result = CliRunner().invoke(ui, ["--help"])
-    assert result.exit_code == 0 and "--port" in result.output and "--host" in result.output

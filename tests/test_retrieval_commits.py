@@ -135,7 +135,7 @@ def test_a_second_writer_waits_for_its_turn_and_says_so(tmp_path, embedder):
 _CLI = textwrap.dedent(
     """
     import sys, time
-    import app.commands.common as common
+    import app.loading as common
     from fakes import HashEmbedder, hold_lock, release
 
     class Slow(HashEmbedder):  # an embedder that takes its time, as a real one does

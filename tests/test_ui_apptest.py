@@ -2,7 +2,8 @@
 
 One app session walks through: empty index notice, bad uploads (each an error, the app goes on),
 a good upload, a question whose answer shows highlighted spans identical to the engine's drafted
-spans, the side-by-side view with the token-identical mark, and removing the document.
+spans, the side-by-side view with the token-identical mark, and removing the document. Answers
+run in the page's queue; the test waits for them (`settle`) and reads the saved chat.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from ui_support import answers_html, saved_chat, settle
 
 from tests.conftest import MODEL_CACHE
 
@@ -36,8 +38,8 @@ def app(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("RAGSPEC_MODEL_CACHE", str(MODEL_CACHE))
-    monkeypatch.delenv("RAGSPEC_UI_INDEX", raising=False)
-    monkeypatch.delenv("RAGSPEC_UI_MODEL", raising=False)
+    for name in ("RAGSPEC_UI_INDEX", "RAGSPEC_UI_MODELS", "RAGSPEC_UI_MAX_LOADED"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RAGSPEC_MAX_FILE_MB", "0.002")  # ~2 KiB: big.txt is over, DOC is not
     at = AppTest.from_file(APP, default_timeout=600)
     at.run()
@@ -46,7 +48,7 @@ def app(tmp_path, monkeypatch):
 
 
 def texts(elements) -> list[str]:
-    return [e.value for e in elements]
+    return [html.unescape(e.value) for e in elements]
 
 
 def marks(fragment: str) -> list[str]:
@@ -58,10 +60,6 @@ def set_settings(at, *, side_by_side: bool) -> None:
     at.toggle(key="side_by_side").set_value(side_by_side)
     at.slider(key="k").set_value(1)
     at.number_input(key="max_new_tokens").set_value(24)
-
-
-def answers_html(at) -> list[str]:
-    return [m.value for m in at.markdown if m.value.startswith('<div class="rs-answer">')]
 
 
 def test_upload_ask_highlight_side_by_side_and_bad_input(app):
@@ -80,7 +78,7 @@ def test_upload_ask_highlight_side_by_side_and_bad_input(app):
     assert "virus.exe" in errors and "unsupported" in errors
     assert "broken.pdf" in errors and "empty.txt" in errors
     assert "big.txt" in errors and "limit" in errors
-    assert at.session_state["messages"] == []
+    assert "chat" not in at.query_params  # no question yet: no chat saved
 
     # -- empty question: a warning, nothing generated
     at.chat_input[0].set_value("   ").run()
@@ -88,8 +86,9 @@ def test_upload_ask_highlight_side_by_side_and_bad_input(app):
 
     # -- a question before any document: says how to add some
     at.chat_input[0].set_value(QUESTION).run()
-    assert not at.exception, at.exception
+    settle(at, timeout=600)
     assert any("No documents are indexed yet" in t for t in texts(at.error))
+    assert saved_chat(at)["messages"][-1]["status"] == "failed"
 
     # -- a good upload
     at.file_uploader[0].set_value(("metrics notes.md", DOC, "text/markdown"))
@@ -101,13 +100,12 @@ def test_upload_ask_highlight_side_by_side_and_bad_input(app):
     # -- ask: the answer appears, highlighted spans are exactly the engine's drafted spans
     set_settings(at, side_by_side=False)
     at.chat_input[0].set_value(QUESTION).run()
-    assert not at.exception, at.exception
-    record = at.session_state["messages"][-1]["record"]
-    run = record["runs"][0]
+    settle(at, timeout=600)
+    run = saved_chat(at)["messages"][-1]["runs"][0]
     assert run["text"].strip()
     shown = answers_html(at)
     assert len(shown) == 1
-    drafted = [s.text for s in run["spans"] if s.drafted and s.text]
+    drafted = [s["text"] for s in run["spans"] if s["drafted"] and s["text"]]
     assert drafted, f"expected accepted drafts in {run['text']!r}"
     assert marks(shown[0]) == drafted
     assert "copied from [1] metrics notes.md" in html.unescape(shown[0])
@@ -115,13 +113,13 @@ def test_upload_ask_highlight_side_by_side_and_bad_input(app):
     # -- side by side: two answers, with the token-identical mark (greedy)
     set_settings(at, side_by_side=True)
     at.chat_input[0].set_value(QUESTION).run()
-    assert not at.exception, at.exception
-    runs = at.session_state["messages"][-1]["record"]["runs"]
+    settle(at, timeout=600)
+    runs = saved_chat(at)["messages"][-1]["runs"]
     assert [r["label"] for r in runs] == ["Speculation off", "Speculation on"]
     assert runs[0]["token_ids"] == runs[1]["token_ids"]
     assert len(answers_html(at)) == 3  # the first answer (replayed) and the two new ones
     assert any("Token-identical" in t for t in texts(at.success))
-    assert not any(s.drafted for s in runs[0]["spans"])
+    assert not any(s["drafted"] for s in runs[0]["spans"])
 
     # -- remove the document from the sidebar
     remove = [b for b in at.sidebar.button if b.key and b.key.startswith("remove-")]

@@ -1,13 +1,21 @@
 """End to end in a real browser: `ragspec ui`'s Streamlit server, headless Chromium driven by
-Playwright (pointed at Debian's /usr/bin/chromium), upload a document, ask, see highlighted
-accepted drafts, take a screenshot (into the test's temporary folder; `make screenshot` sets
-RAGSPEC_SCREENSHOT to refresh docs/screenshot.png on purpose).
+Playwright (pointed at Debian's /usr/bin/chromium).
+
+  * upload a document, ask, see highlighted accepted drafts and the chat in the sidebar's list,
+    take a screenshot (into the test's temporary folder; `make screenshot` sets
+    RAGSPEC_SCREENSHOT to refresh docs/screenshot.png on purpose);
+  * files named like Markdown links and images, HTML and `javascript:` URLs show as text: no
+    link, image, script, dialog or request to their hosts appears, tooltips hold no server
+    path; a file over RAGSPEC_MAX_FILE_MB is refused by Streamlit itself;
+  * two users: the second sees "Waiting for 1 answer ahead" while the first answer is written;
+    the first user's Stop ends it and keeps what was written; then the second answer arrives.
 
 Needs: `apt-get install chromium` and `pip install playwright` (no Playwright browser download).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -19,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from app.commands.ui import streamlit_argv, streamlit_env
-from tests.conftest import MODEL_CACHE
+from tests.conftest import MODEL_CACHE, make_char_tokenizer, make_tiny_model
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -29,6 +37,7 @@ CHROMIUM = os.environ.get("RAGSPEC_CHROMIUM") or shutil.which("chromium") or "/u
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update",
                   "--disable-sync", "--disable-dev-shm-usage"]
+SIDEBAR = 'section[data-testid="stSidebar"]'
 
 DOC = """# Larkspur metrics
 
@@ -61,14 +70,17 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None
     raise TimeoutError(f"streamlit did not become healthy at {url} in {timeout:.0f} s")
 
 
-@pytest.fixture
-def server(tmp_path):
+@contextlib.contextmanager
+def serving(tmp_path: Path, models: tuple[str, ...] = (), **extra_env):
+    """`ragspec ui`'s command line and environment, on a free port, with a temporary home."""
     port = free_port()
-    env = streamlit_env(None, None)
-    env.update(RAGSPEC_HOME=str(tmp_path / "home"), RAGSPEC_MODEL_CACHE=str(MODEL_CACHE))
+    env = streamlit_env(None, models)
+    env.update({"RAGSPEC_HOME": str(tmp_path / "home"), "RAGSPEC_MODEL_CACHE": str(MODEL_CACHE),
+                **extra_env})
     log = open(tmp_path / "streamlit.log", "w")
-    proc = subprocess.Popen(streamlit_argv(port, "127.0.0.1"), env=env, cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT)
+    limit = int(float(extra_env.get("RAGSPEC_MAX_FILE_MB", 50)) * 2**20)
+    argv = streamlit_argv(port, "127.0.0.1", limit)
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
@@ -82,50 +94,168 @@ def server(tmp_path):
         log.close()
 
 
-def test_browser_upload_ask_and_see_highlighted_spans(server, tmp_path):
+@pytest.fixture
+def chromium():
     if not Path(CHROMIUM).is_file():
         pytest.skip(f"no Chromium at {CHROMIUM}: `apt-get install chromium` (Debian) to run this")
     sync_api = pytest.importorskip("playwright.sync_api",
                                    reason="`pip install playwright` to run the browser test")
-    doc = tmp_path / "larkspur metrics.md"
-    doc.write_text(DOC)
-
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM, headless=True,
-            # Playwright gives launch() a fresh temporary profile (--user-data-dir) itself.
-            args=CHROMIUM_FLAGS,
-        )
+        # Playwright gives launch() a fresh temporary profile (--user-data-dir) itself.
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=CHROMIUM_FLAGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1250})
-            page.set_default_timeout(120_000)
-            page.goto(server)
-            page.get_by_text("No documents yet").first.wait_for()
-
-            page.locator('section[data-testid="stSidebar"] input[type="file"]').set_input_files(doc)
-            page.get_by_text("larkspur metrics.md: added").wait_for()
-
-            tokens = page.get_by_label("Maximum answer tokens")
-            tokens.fill("32")
-            tokens.press("Enter")
-            page.wait_for_timeout(1000)  # let the rerun triggered by the setting finish
-
-            box = page.get_by_placeholder("Ask a question about your documents")
-            box.fill(QUESTION)
-            box.press("Enter")
-            # "Passages used" appears once the answer is complete
-            page.get_by_text("Passages used").first.wait_for(timeout=420_000)
-
-            marks = page.locator("div.rs-answer mark.rs-draft")
-            assert marks.count() > 0, "expected highlighted accepted drafts in the answer"
-            title = marks.first.get_attribute("title")
-            assert "copied from [1] larkspur metrics.md" in title
-            assert page.locator("div.rs-answer script").count() == 0
-
-            page.get_by_text("Passages used").first.click()
-            page.locator("div.rs-passage mark.rs-draft").first.wait_for()
-            shot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "screenshot.png")
-            page.screenshot(path=str(shot), full_page=True)
+            yield browser
         finally:
             browser.close()
+
+
+def open_page(browser, url: str):
+    page = browser.new_context(viewport={"width": 1400, "height": 1250}).new_page()
+    page.set_default_timeout(120_000)
+    page.goto(url)
+    page.get_by_placeholder("Ask a question about your documents").wait_for()
+    return page
+
+
+def set_number(page, label: str, value: int) -> None:
+    box = page.get_by_label(label)
+    box.fill(str(value))
+    box.press("Enter")
+    page.wait_for_timeout(1000)  # let the rerun triggered by the setting finish
+
+
+def ask(page, question: str) -> None:
+    box = page.get_by_placeholder("Ask a question about your documents")
+    box.fill(question)
+    box.press("Enter")
+
+
+def test_browser_upload_ask_and_see_highlighted_spans(chromium, tmp_path):
+    doc = tmp_path / "larkspur metrics.md"
+    doc.write_text(DOC)
+    with serving(tmp_path) as url:
+        page = open_page(chromium, url)
+        page.get_by_text("No documents yet").first.wait_for()
+        page.locator(f'{SIDEBAR} input[type="file"]').set_input_files(doc)
+        page.get_by_text("larkspur metrics.md: added").wait_for()
+        set_number(page, "Maximum answer tokens", 32)
+        ask(page, QUESTION)
+        # "Passages used" appears once the answer is complete and saved
+        page.get_by_text("Passages used").first.wait_for(timeout=800_000)
+
+        marks = page.locator("div.rs-answer mark.rs-draft")
+        assert marks.count() > 0, "expected highlighted accepted drafts in the answer"
+        assert "copied from [1] larkspur metrics.md" in marks.first.get_attribute("title")
+        assert page.locator("div.rs-answer script").count() == 0
+        assert page.locator(SIDEBAR).get_by_text("On which port does the metrics").count() == 1
+        assert "chat=" in page.url
+
+        page.get_by_text("Passages used").first.click()
+        page.locator("div.rs-passage mark.rs-draft").first.wait_for()
+        shot = Path(os.environ.get(SCREENSHOT_ENV) or tmp_path / "screenshot.png")
+        page.screenshot(path=str(shot), full_page=True)
+
+        page.reload()  # a new session: the chat reopens from the address, highlights and all
+        page.locator("div.rs-answer mark.rs-draft").first.wait_for()
+        assert page.locator("div.rs-answer mark.rs-draft").count() == marks.count()
     assert shot.stat().st_size > 10_000
+
+
+HOSTILE = {
+    "[click me](javascript:alert(1)).md": "javascript",
+    "![pixel](http://evil.example/p.png).md": "image",
+    "<img src=x onerror=alert(2)>.txt": "html",
+    "see http://evil.example/x and www.evil.example.md": "autolink",
+    "<script>alert(3)</script>.exe": "unsupported",
+    "[broken](http://evil.example/).pdf": "broken",
+}
+
+
+def test_browser_hostile_file_names_stay_text(chromium, tmp_path):
+    requests, dialogs = [], []
+    with serving(tmp_path, RAGSPEC_MAX_FILE_MB="1") as url:
+        page = open_page(chromium, url)
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        files = [{"name": name, "mimeType": "text/plain",
+                  "buffer": (DOC + f"\nVariant {kind}.\n").encode()}
+                 for name, kind in HOSTILE.items()]
+        page.locator(f'{SIDEBAR} input[type="file"]').set_input_files(files)
+        for expected in ("click me](javascript:alert(1)).md: added",
+                         "<img src=x onerror=alert(2)>.txt: added",
+                         "<script>alert(3)<_script>.exe: unsupported type",
+                         "[broken](http:__evil.example_).pdf:"):
+            page.get_by_text(expected).first.wait_for()
+        remove = page.locator(f'{SIDEBAR} [data-testid="stTooltipHoverTarget"]')
+        tooltips = []
+        for i in range(remove.count()):
+            remove.nth(i).hover()
+            tip = page.locator('[data-testid="stTooltipContent"]').last
+            tip.wait_for()
+            tooltips.append(tip.inner_text())
+        page.wait_for_timeout(1000)
+
+        live = page.evaluate("""() => ({
+            links: [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href')),
+            images: [...document.querySelectorAll('img[src]')].map(i => i.getAttribute('src')),
+            scripts: [...document.querySelectorAll('script')].map(s => s.textContent)
+                       .filter(t => t.includes('alert')),
+            handlers: [...document.querySelectorAll('*')].filter(
+                e => [...e.attributes].some(a => a.name.startsWith('on'))).length,
+        })""")
+        assert not [h for h in live["links"] if "evil" in h or h.startswith("javascript")], live
+        assert not [s for s in live["images"] if "evil" in s or s == "x"], live
+        assert not live["scripts"] and live["handlers"] == 0, live
+        assert not dialogs and not [r for r in requests if "evil.example" in r]
+        assert tooltips and not [t for t in tooltips if str(tmp_path) in t], tooltips
+
+        big = tmp_path / "big.txt"
+        big.write_bytes(b"word " * (2**20 // 5 * 2))  # 2 MiB, over the 1 MiB limit
+        page.locator(f'{SIDEBAR} input[type="file"]').set_input_files(big)
+        page.get_by_text("File must be 1.0MB or smaller").wait_for()
+    assert not (tmp_path / "home" / "uploads").exists() or not [
+        p for p in (tmp_path / "home" / "uploads").rglob("big.txt")]
+
+
+def slow_model_folder(path: Path) -> Path:
+    """A randomly initialised model big enough to write about 100 tokens a second on a CPU,
+    without an end-of-sequence token: every answer runs to its limit unless stopped."""
+    tok = make_char_tokenizer()
+    tok.eos_token = None
+    model = make_tiny_model(len(tok), hidden_size=512, intermediate_size=1536,
+                            num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                            max_position_embeddings=4096, eos_token_id=None)
+    model.generation_config.eos_token_id = None
+    tok.save_pretrained(path)
+    model.save_pretrained(path)
+    return path
+
+
+def test_browser_two_users_queue_and_stop(chromium, tmp_path):
+    folder = slow_model_folder(tmp_path / "slow-model")
+    doc = tmp_path / "larkspur metrics.md"
+    doc.write_text(DOC)
+    with serving(tmp_path, (f"slow={folder}",), RAGSPEC_MODEL_CACHE=str(tmp_path / "cache")) as url:
+        first, second = open_page(chromium, url), open_page(chromium, url)
+        first.locator(f'{SIDEBAR} input[type="file"]').set_input_files(doc)
+        first.get_by_text("larkspur metrics.md: added").wait_for()
+        for page, tokens in ((first, 1024), (second, 16)):
+            page.get_by_text("Speculation", exact=True).click()  # off: one token per forward
+            page.wait_for_timeout(500)
+            set_number(page, "Maximum answer tokens", tokens)
+
+        ask(first, QUESTION)
+        first.locator("div.rs-answer").first.wait_for(timeout=600_000)  # being written
+        ask(second, "How long are job logs kept?")
+        second.get_by_text("Waiting for 1 answer ahead").wait_for()
+
+        first.get_by_role("button", name="Stop").click()
+        first.get_by_text("Stopped: the answer ends where Stop was pressed").wait_for()
+        kept = first.locator("div.rs-answer").first.inner_text()
+        assert kept.strip()
+        second.get_by_text("Passages used").first.wait_for(timeout=600_000)
+        assert second.get_by_text("Waiting for").count() == 0
+        first.reload()
+        first.get_by_text("Stopped: the answer ends where Stop was pressed").wait_for()
+        assert first.locator("div.rs-answer").first.inner_text() == kept

@@ -17,6 +17,7 @@ import click
 from app.commands.common import index_option, json_option, open_store
 from app.terminal import printable
 from retrieval.errors import RetrievalError, UnknownDocumentError
+from retrieval.limits import size_text
 
 
 class _ProgressBar:
@@ -161,18 +162,10 @@ def list_cmd(index: str | None, as_json: bool) -> None:
     click.echo(f"{'ID':<12}  {'PASSAGES':>8}  {'SIZE':>9}  {'INGESTED (UTC)':<19}  SOURCE")
     for d in documents:
         when = d.ingested_at.replace("T", " ")[:19]
-        click.echo(f"{d.doc_id:<12}  {d.passages:>8}  {_size(d.size_bytes):>9}  {when:<19}  "
+        click.echo(f"{d.doc_id:<12}  {d.passages:>8}  {size_text(d.size_bytes):>9}  {when:<19}  "
                    f"{printable(d.source)}")
     click.echo(f"{len(documents)} documents, {store.passage_count()} passages in "
                f"{printable(str(store.index_dir))}")
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024 or unit == "MiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 @click.command("remove")

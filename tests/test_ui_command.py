@@ -1,0 +1,65 @@
+"""`ragspec ui` starts Streamlit with its upload limit tied to RAGSPEC_MAX_FILE_MB, so an upload
+over ragspec's own limit is refused by Streamlit before it is buffered in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from app.cli import main
+from app.commands.ui import UI_SCRIPT, streamlit_argv, streamlit_env, ui
+
+
+def option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_ui_command_serves_the_app_headless(tmp_path):
+    argv = streamlit_argv(8600, "127.0.0.1")
+    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4] == str(UI_SCRIPT)
+    assert Path(argv[4]).is_file()
+    assert option(argv, "--server.port") == "8600" and option(argv, "--server.headless") == "true"
+    env = streamlit_env(str(tmp_path), ("some/model",))
+    assert env["RAGSPEC_UI_INDEX"] == str(tmp_path)
+    assert env["RAGSPEC_UI_MODELS"] == '[["some/model", "some/model"]]'
+    assert str(UI_SCRIPT.parent.parent) in env["PYTHONPATH"]
+    result = CliRunner().invoke(ui, ["--help"])
+    assert result.exit_code == 0 and "--port" in result.output and "--host" in result.output
+
+
+@pytest.mark.parametrize("megabytes, expected", [
+    (None, "50"), ("50", "50"), ("120.5", "121"), ("0.002", "1"), ("1", "1"),
+])
+def test_streamlit_upload_limit_follows_ragspec_max_file_mb(monkeypatch, megabytes, expected):
+    if megabytes is None:
+        monkeypatch.delenv("RAGSPEC_MAX_FILE_MB", raising=False)
+    else:
+        monkeypatch.setenv("RAGSPEC_MAX_FILE_MB", megabytes)
+    assert option(streamlit_argv(8501, "localhost"), "--server.maxUploadSize") == expected
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """Records the command `ragspec ui` would replace itself with, instead of running it."""
+    calls = []
+    monkeypatch.setattr("app.commands.ui.os.execve", lambda *args: calls.append(args))
+    return calls
+
+
+def test_ui_passes_the_limit_and_the_offered_models_to_streamlit(monkeypatch, started):
+    monkeypatch.setenv("RAGSPEC_MAX_FILE_MB", "3")
+    result = CliRunner().invoke(main, ["ui", "--port", "8600", "--model", "a=/models/a"])
+    assert result.exit_code == 0, result.output
+    (_, argv, env), = started
+    assert option(argv, "--server.maxUploadSize") == "3" and option(argv, "--server.port") == "8600"
+    assert env["RAGSPEC_UI_MODELS"] == '[["a", "/models/a"]]'
+
+
+def test_a_bad_limit_is_a_usage_error_not_a_traceback(monkeypatch, started):
+    monkeypatch.setenv("RAGSPEC_MAX_FILE_MB", "lots")
+    result = CliRunner().invoke(main, ["ui"])
+    assert not started and result.exit_code == 2
+    assert "RAGSPEC_MAX_FILE_MB='lots' is not a number" in result.output
+    assert "Traceback" not in result.output
