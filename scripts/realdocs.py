@@ -3,7 +3,7 @@
 Usage:  PYTHONPATH=. python scripts/realdocs.py list [--json]
         PYTHONPATH=. python scripts/realdocs.py build dev OUT_DIR
         PYTHONPATH=. python scripts/realdocs.py check dev OUT_DIR [--json]
-        PYTHONPATH=. python scripts/realdocs.py recall dev OUT_DIR [-k 4] [--json]
+        PYTHONPATH=. python scripts/realdocs.py recall dev OUT_DIR [-k 4] [--index DIR] [--json]
         PYTHONPATH=. python scripts/realdocs.py record dev
 
 A set is a folder data/realdocs/SET holding `sources.json` (which installed files make the
@@ -18,16 +18,14 @@ Source kinds ("render"):
   man   a manual page rendered to plain text: `man --nh --nj -l -P cat PATH | col -bx` with
         MANWIDTH=100 and LC_ALL=C.UTF-8 (no hyphenation or justification, so words stay whole).
 
-Checks: `build` compares each source's sha256 with the recorded one; a difference is a warning
-naming the file (another Debian version of the documents: some snippets may no longer match)
-and the build completes. A missing source stops the build (exit 1) and names the package to
-install. `check` finds every answer snippet in the text ragspec's own loader makes of its file
-(whitespace collapsed on both sides). `recall` ingests the corpus into a temporary index with
-ragspec's ingest and asks ragspec's search each answerable question: recall@1 and recall@k, by
-two rules: a retrieved passage of the right file *contains* the whole snippet, or *overlaps*
-the snippet's place in the loaded text (a snippet the splitter cut in two can only overlap).
-`record` rewrites a set's hashes and package versions from this machine (after a deliberate
-move to a new Debian release, with the questions re-checked).
+Checks: `build` compares each source's sha256 with the recorded one (a difference is a warning
+naming the file: another version of the documents, whose snippets may have moved; the build
+completes) and stops with exit 1, naming the package to install, when a source is missing.
+`check` finds every answer snippet in the text ragspec's loader makes of its file (whitespace
+collapsed). `recall` ingests the corpus with ragspec's ingest and searches each question with
+ragspec's search: a hit is a top-k passage of the right file that *contains* the snippet, or
+(second rule) *overlaps* its place in the loaded text, which also counts snippets the splitter
+cut in two. `record` rewrites a set's hashes and package versions from this machine.
 """
 
 from __future__ import annotations
@@ -237,55 +235,64 @@ def first_rank(hits, source_path: str, spans: list[tuple[int, int]],
     return contains, overlaps
 
 
-def measure_recall(name: str, corpus: Path, k: int) -> dict:
-    """Ingest the corpus into a temporary index and rank every answerable question's snippets."""
+def measure_recall(name: str, corpus: Path, k: int, index: Path | None = None) -> dict:
+    """Ingest the corpus (into `index`, or a temporary one) and rank every question's snippets."""
     from app.loading import open_store
     from retrieval.ingest import ingest_paths
 
     _, sources = read_set(name)
     texts = loaded_texts(corpus, sources)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="realdocs-index-") as index:
-        store = open_store(index)
+    with tempfile.TemporaryDirectory(prefix="realdocs-index-") as scratch:
+        store = open_store(index or scratch)
         report = ingest_paths([corpus], store)
         if report.failed:
             raise click.ClickException(f"ingest failed for {report.failed[0][0]}: "
                                        f"{report.failed[0][1]}")
-        for q in read_questions(name):
-            if q.get("unanswerable") or not snippets(q):
-                continue
-            hits = store.search(q["question"], k=k)
-            path = str((corpus / q["source"]).resolve())
-            ranks = []
-            for snippet in snippets(q):
-                pattern = whitespace_pattern(snippet)
-                spans = [m.span() for m in pattern.finditer(texts[q["source"]])]
-                if not spans:
-                    raise click.ClickException(f"{q['id']}: snippet not in {q['source']}; "
-                                               "run `check` first")
-                ranks.append(first_rank(hits, path, spans, snippet))
-            best = [min((r[i] for r in ranks if r[i]), default=0) for i in (0, 1)]
-            rows.append({"id": q["id"], "kind": q["kind"], "contains": best[0],
-                         "overlaps": best[1]})
+        rows = [rank_question(store, q, texts, corpus, k) for q in read_questions(name)]
         passages = store.passage_count()
     return {"set": name, "k": k, "passages": passages, "questions": rows,
             "summary": summarise(rows, k)}
 
 
+def rank_question(store, q: dict, texts: dict[str, str], corpus: Path, k: int) -> dict:
+    """One question's search: where its snippets rank (0: not in the top k), the files
+    retrieved and the best score (for unanswerable questions only the latter two)."""
+    hits = store.search(q["question"], k=k)
+    row = {"id": q["id"], "kind": "unanswerable" if q.get("unanswerable") else q["kind"],
+           "top_score": round(hits[0].score, 4) if hits else None,
+           "retrieved": [Path(h.passage.source).name for h in hits]}
+    if q.get("unanswerable"):
+        return row
+    path = str((corpus / q["source"]).resolve())
+    ranks = []
+    for snippet in snippets(q):
+        spans = [m.span() for m in whitespace_pattern(snippet).finditer(texts[q["source"]])]
+        if not spans:
+            raise click.ClickException(f"{q['id']}: snippet not in {q['source']}; "
+                                       "run `check` first")
+        ranks.append(first_rank(hits, path, spans, snippet))
+    # An open question with several snippets counts as found when any of them is.
+    row["contains"], row["overlaps"] = (min((r[i] for r in ranks if r[i]), default=0)
+                                        for i in (0, 1))
+    return row
+
+
 def summarise(rows: list[dict], k: int) -> dict:
+    """Per kind: how many, the median best score, and recall@1/@k by both rules."""
+    answerable = [r for r in rows if "contains" in r]
+    groups = {kind: [r for r in rows if r["kind"] == kind] for kind in ("copy", "open")}
+    groups |= {"all": answerable, "unanswerable": [r for r in rows if "contains" not in r]}
     out = {}
-    for kind in ("copy", "open", "all"):
-        chosen = [r for r in rows if kind in ("all", r["kind"])]
+    for kind, chosen in groups.items():
         if not chosen:
             continue
-        entry = {"n": len(chosen)}
-        for rule in ("contains", "overlaps"):
+        scores = [r["top_score"] for r in chosen if r["top_score"] is not None]
+        out[kind] = {"n": len(chosen),
+                     "top_score_median": statistics.median(scores) if scores else None}
+        for rule in ("contains", "overlaps") if kind != "unanswerable" else ():
             ranks = [r[rule] for r in chosen]
-            entry[f"{rule}@1"] = sum(r == 1 for r in ranks) / len(ranks)
-            entry[f"{rule}@{k}"] = sum(r >= 1 for r in ranks) / len(ranks)
-            found = [r for r in ranks if r]
-            entry[f"{rule}_median_rank"] = statistics.median(found) if found else None
-        out[kind] = entry
+            out[kind][f"{rule}@1"] = sum(r == 1 for r in ranks) / len(ranks)
+            out[kind][f"{rule}@{k}"] = sum(r >= 1 for r in ranks) / len(ranks)
     return out
 
 
@@ -353,21 +360,26 @@ def check_cmd(name: str, corpus: Path, as_json: bool) -> None:
 @click.argument("corpus", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-k", "k", default=4, show_default=True, type=click.IntRange(min=1),
               help="How many passages each search returns.")
+@click.option("--index", "index", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Ingest into (or reuse) this index instead of a temporary one.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout.")
-def recall_cmd(name: str, corpus: Path, k: int, as_json: bool) -> None:
-    """Recall@1 and @k of ragspec's search for SET's answer snippets, on a temporary index."""
-    result = measure_recall(name, corpus, k)
+def recall_cmd(name: str, corpus: Path, k: int, index: Path | None, as_json: bool) -> None:
+    """Recall@1 and @k of ragspec's search for SET's answer snippets in CORPUS."""
+    result = measure_recall(name, corpus, k, index)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
     for row in result["questions"]:
-        click.echo(f"{row['id']:<6} {row['kind']:<5} contains@{row['contains'] or '-'} "
-                   f"overlaps@{row['overlaps'] or '-'}")
+        found = (f"contains@{row['contains'] or '-'} overlaps@{row['overlaps'] or '-'}"
+                 if "contains" in row else "")
+        click.echo(f"{row['id']:<6} {row['kind']:<12} top {row['top_score']}  {found}")
     click.echo(f"{name}: {result['passages']} passages")
     for kind, s in result["summary"].items():
-        click.echo(f"  {kind:<5} n={s['n']:<3} contains @1 {s['contains@1']:.2f} @{k} "
-                   f"{s[f'contains@{k}']:.2f}   overlaps @1 {s['overlaps@1']:.2f} @{k} "
-                   f"{s[f'overlaps@{k}']:.2f}")
+        line = f"  {kind:<12} n={s['n']:<3} median top score {s['top_score_median']:.3f}"
+        if "contains@1" in s:
+            line += (f"  contains @1 {s['contains@1']:.2f} @{k} {s[f'contains@{k}']:.2f}"
+                     f"  overlaps @1 {s['overlaps@1']:.2f} @{k} {s[f'overlaps@{k}']:.2f}")
+        click.echo(line)
 
 
 @cli.command("record")

@@ -190,3 +190,48 @@ def test_unknown_set_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(realdocs.cli, ["build", "nosuch", str(tmp_path / "out")])
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert "dev, heldout" in result.output
+
+
+class _Store:
+    """Answers every search with fixed hits (search is not what these tests check)."""
+
+    def __init__(self, hits):
+        self.hits = hits
+
+    def search(self, query, k):
+        return self.hits[:k]
+
+
+def _hit(text: str, source: Path, start: int, score: float):
+    from retrieval.records import Hit, Passage
+
+    return Hit(score, Passage(id=f"p{start}", doc_id="d", text=text, source=str(source),
+                              page=None, start=start))
+
+
+def test_recall_ranks_containing_and_overlapping_passages_of_the_right_file_only(tmp_path):
+    text = "alpha beta gamma.\n\nThe default level is six, biased towards speed.\n\nomega"
+    split = text.index("is six")  # the splitter cut the snippet here
+    doc, other = tmp_path / "doc.txt", tmp_path / "other.txt"
+    question = {"id": "q", "question": "which level?", "kind": "copy", "source": "doc.txt",
+                "answer": "The default level is six, biased towards speed."}
+    hits = [_hit(question["answer"], other, 0, 0.9),          # right words, wrong file
+            _hit(text[:split], doc, 0, 0.8),                   # first half of the snippet
+            _hit(text[split - 20:], doc, split - 20, 0.7)]     # holds the whole snippet
+    row = realdocs.rank_question(_Store(hits), question, {"doc.txt": text}, tmp_path, k=3)
+    assert (row["contains"], row["overlaps"]) == (3, 2)
+    assert row["retrieved"] == ["other.txt", "doc.txt", "doc.txt"] and row["top_score"] == 0.9
+    row = realdocs.rank_question(_Store(hits[:2]), question, {"doc.txt": text}, tmp_path, k=2)
+    assert (row["contains"], row["overlaps"]) == (0, 2)
+
+
+def test_recall_summary_counts_hits_per_kind_and_keeps_unanswerable_apart():
+    rows = [{"id": "a", "kind": "copy", "top_score": 0.8, "contains": 1, "overlaps": 1},
+            {"id": "b", "kind": "copy", "top_score": 0.6, "contains": 3, "overlaps": 2},
+            {"id": "c", "kind": "open", "top_score": 0.5, "contains": 0, "overlaps": 0},
+            {"id": "d", "kind": "unanswerable", "top_score": 0.3}]
+    summary = realdocs.summarise(rows, k=4)
+    assert summary["copy"] == {"n": 2, "top_score_median": 0.7, "contains@1": 0.5,
+                               "contains@4": 1.0, "overlaps@1": 0.5, "overlaps@4": 1.0}
+    assert summary["all"]["n"] == 3 and summary["all"]["contains@4"] == 2 / 3
+    assert summary["unanswerable"] == {"n": 1, "top_score_median": 0.3}
