@@ -44,6 +44,8 @@ from pathlib import Path
 
 import click
 
+from app.terminal import printable
+
 REPO = Path(__file__).resolve().parent.parent
 SETS_DIR = REPO / "data" / "realdocs"
 RENDERS = ("copy", "man")
@@ -157,8 +159,9 @@ def build_set(name: str, out_dir: Path) -> list[str]:
     strangers = sorted(p.name for p in out_dir.iterdir() if p.name not in ours)
     if strangers:
         # ingest takes the whole folder: a stray file would change every measurement.
-        raise click.UsageError(f"{out_dir} holds files that are not part of set {name!r} "
-                               f"({', '.join(strangers[:3])}); use an empty folder")
+        shown = ", ".join(printable(n) for n in strangers[:3])
+        raise click.UsageError(f"{printable(str(out_dir))} holds files that are not part of "
+                               f"set {name!r} ({shown}); use an empty folder")
     warnings = []
     for source in sources:
         data = render(source)
