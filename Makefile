@@ -23,8 +23,10 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
+# Idle OpenMP threads sleep instead of spinning: on a 2-core machine running tests, servers and
+# subprocesses at once, spinning threads starve each other (one GPU-check test took 4x longer).
 test: $(STAMP) chromium
-	$(PY) -m pytest -q --timeout=900
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --timeout=900
 
 # The browser test needs a real Chromium; Debian's package, installed when we may (root).
 chromium:
@@ -32,9 +34,15 @@ chromium:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium not installed: the browser test will be skipped"
 
-# llama.cpp for `ragspec bench` (methods llamacpp, llamacpp_pld): a source build, ~10 minutes.
+# llama.cpp for `ragspec bench` (methods llamacpp, llamacpp_pld): a source build, ~12 minutes on
+# 2 cores. The default flags suit an AVX-512 Xeon like our development machines; ggml's AMX
+# kernels stay off (they crash on some virtual machines that report AMX). Elsewhere, e.g.
+#   make bench-anchors LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON"
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+  -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 bench-anchors: $(STAMP)
-	$(PY) -m pip install --quiet -r requirements-bench.txt
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -r requirements-bench.txt
 
 # Refresh the README's picture of the chat (the browser test, writing into docs/).
 screenshot: $(STAMP) chromium
