@@ -64,7 +64,8 @@ class Question:
 def load_questions(path: str | Path, limit: int | None = None) -> list[Question]:
     """Questions from a JSONL file: one {"id", "question", "kind"} object per line.
 
-    kind is "copy" (the answer should quote the documents) or "open"; missing means "copy".
+    kind is "copy" (the answer should quote the documents) or "open"; missing means "copy";
+    "unanswerable" questions (the retrieval measurement's) are skipped.
     A missing id becomes the line number. Blank lines are skipped.
     """
     path = Path(path)
@@ -89,6 +90,8 @@ def load_questions(path: str | Path, limit: int | None = None) -> list[Question]
         if not isinstance(text, str) or not text.strip():
             raise BenchInputError(f"{where}: \"question\" must be a non-empty string")
         kind = obj.get("kind") or "copy"
+        if kind == "unanswerable":
+            continue  # for the retrieval measurement: nothing in the documents to copy
         if kind not in KINDS:
             raise BenchInputError(f"{where}: \"kind\" must be \"copy\" or \"open\", got {kind!r}")
         qid = str(obj["id"]) if obj.get("id") not in (None, "") else str(number)
@@ -117,7 +120,7 @@ class MethodRun:
     def new_tokens(self) -> int:
         return len(self.token_ids)
 
-    def to_dict(self, identical: bool) -> dict:
+    def to_dict(self, identical: bool | None) -> dict:
         n, after_first = self.new_tokens, self.seconds - self.ttft_seconds
         return {
             "new_tokens": n,
@@ -178,17 +181,19 @@ class Runner:
     """Runs one method on one prompt with a shared Generator (its model serves the HF methods)."""
 
     def __init__(self, generator, draft: DraftConfig | None = None, pld_tokens: int = PLD_TOKENS,
-                 anchors=None, stock: bool = True):
+                 anchors=None, stock: bool = True, methods: Sequence[str] | None = None):
         """anchors: an app.bench_llamacpp.LlamaCppAnchors, to run the llama.cpp methods too.
         stock: run hf_greedy/hf_pld as transformers runs the model (fp32, sdpa); False runs
             model.generate on the model exactly as the engine runs it (ragspec's attention and
-            4-bit layers): the reference of the engine's greedy identity."""
+            4-bit layers): the reference of the engine's greedy identity.
+        methods: run only these (see `select_methods`); default all that can run."""
         self.gen = generator
         self.stock = stock
         self.draft = draft or DraftConfig()
         self.pld_tokens = pld_tokens
         self.anchors = anchors
-        self.methods = METHODS + (LLAMACPP_METHODS if anchors is not None else ())
+        available = METHODS + (LLAMACPP_METHODS if anchors is not None else ())
+        self.methods = available if methods is None else select_methods(methods, available)
 
     def run(self, method: str, prompt_ids: Sequence[int], max_new_tokens: int, *,
             sources: Sequence = (), reference: Sequence[int] | None = None) -> MethodRun:
@@ -269,6 +274,18 @@ def warm_up(runner: Runner, prompt: Prepared) -> None:
                    reference=reference)
 
 
+def select_methods(requested: Sequence[str], available: Sequence[str]) -> tuple[str, ...]:
+    """The methods to run for `requested`, in `available`'s order: each requested method plus
+    its speedup baseline (greedy always: the oracle and every engine method need it). A
+    method's identity reference is not added: without it, `identical` is null."""
+    unknown = [m for m in requested if m not in available]
+    if unknown:
+        raise BenchInputError(f"unknown method(s) {', '.join(unknown)}; choose from "
+                              f"{', '.join(available)}")
+    wanted = {"greedy", *requested, *(BASELINE[m] for m in requested)}
+    return tuple(m for m in available if m in wanted)
+
+
 def method_order(index: int, methods: Sequence[str] = METHODS) -> list[str]:
     """greedy first (the oracle needs its output); the others rotate from question to question
     so that no method always runs right after another (caches, clock boost, neighbours' load)."""
@@ -296,9 +313,11 @@ def bench_question(runner: Runner, index: int, item: Prepared, max_new_tokens: i
                 progress(item.question, method)
     results = {}
     for m in runner.methods:
-        reference = runs[REFERENCE.get(m, "greedy")][0].token_ids
         best = min(runs[m], key=lambda r: r.seconds)
-        results[m] = best.to_dict(all(r.token_ids == list(reference) for r in runs[m]))
+        ref = REFERENCE.get(m, "greedy")
+        identical = None if ref not in runs else all(
+            r.token_ids == runs[ref][0].token_ids for r in runs[m])
+        results[m] = best.to_dict(identical)
         results[m]["runs_seconds"] = [r.seconds for r in runs[m]]
     q = item.question
     return {"id": q.id, "kind": q.kind, "prompt_tokens": len(item.prompt_ids), "results": results}

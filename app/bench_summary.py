@@ -48,8 +48,13 @@ def _method_summary(entries: list[dict], method: str) -> dict:
         "median_ttft_seconds": _median([r["ttft_seconds"] for r in runs]),
         "accept_rate": accept_rate,
         "mean_accepted_length": sum(a * n for a, n in histogram.items()) / steps if steps else None,
-        "all_identical": all(r["identical_to_greedy"] for r in runs) if runs else None,
+        "all_identical": _all_identical([r["identical_to_greedy"] for r in runs]),
     }
+
+
+def _all_identical(flags: list[bool | None]) -> bool | None:
+    """None when nothing was compared (no runs, or the reference method did not run)."""
+    return None if not flags or None in flags else all(flags)
 
 
 RATIOS = (("ragspec", "llamacpp"), ("ragspec", "hf_greedy"), ("greedy", "llamacpp"))

@@ -62,7 +62,8 @@ def describe_device(loaded) -> str:
     dtype = str(loaded.dtype).replace("torch.", "")
     if loaded.device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(loaded.device)}, {dtype})"
-    return f"{loaded.device.type} ({torch.get_num_threads()} threads, {dtype})"
+    weights = f"{dtype}, 4-bit decode" if getattr(loaded, "int4", False) else dtype
+    return f"{loaded.device.type} ({torch.get_num_threads()} threads, {weights})"
 
 
 @functools.lru_cache(maxsize=2)

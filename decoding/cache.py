@@ -9,9 +9,8 @@ same keys and values as with transformers' own layers, so the logits are the sam
 whose forward takes no KV cache at all (it cannot be driven step by step).
 
 Full attention (GrowingLayer). transformers' DynamicLayer appends each step's keys and values
-with torch.cat: every forward copies every layer's whole cache (for SmolLM2-135M at a 965-token
-context, ~44 MB per forward; measured ~9 ms of a 75 ms one-token forward and ~20 ms of a 9-token
-verify forward). GrowingLayer keeps one buffer per layer with spare room, writes the new
+with torch.cat: every forward copies every layer's whole cache, a cost that grows with the
+context (the README's "How it works" gives a measured share). GrowingLayer keeps one buffer per layer with spare room, writes the new
 positions into it and hands attention a view of the filled part. Cropping only moves the fill
 mark.
 

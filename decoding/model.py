@@ -56,6 +56,7 @@ class LoadedModel:
     attention: str = ""  # the attn_implementation the model runs
     # None when drafts can be verified; else why not (the model's cache cannot be rolled back)
     speculation_off_reason: str | None = None
+    int4: bool = False  # decode and verify steps run 4-bit linears (decoding.quant)
 
     @property
     def speculation_note(self) -> str | None:
@@ -91,6 +92,16 @@ def pick_dtype(device: torch.device, exact: bool) -> torch.dtype:
     if device.type == "cuda" and not exact:
         return torch.bfloat16
     return torch.float32
+
+
+def wants_int4(device: torch.device, dtype: torch.dtype, exact: bool) -> bool:
+    """The default for 4-bit decode weights: on a CPU in fp32 unless `exact`. Decoding there
+    streams every weight per step, and the 4-bit copy is a quarter of the bytes (see
+    decoding.quant and the README's speed section for the measurement); exact keeps the fp32
+    weights everywhere, matching transformers on the same fp32 model."""
+    from decoding.quant import supported
+
+    return device.type == "cpu" and dtype == torch.float32 and not exact and supported()
 
 
 def bundled_gguf_path() -> Path:
@@ -206,13 +217,15 @@ def load_model(
     *,
     device: str | None = None,
     exact: bool = False,
+    int4: bool | None = None,
     on_convert: Callable[[Path], None] | None = None,
 ) -> LoadedModel:
     """Load `spec` (see the module docstring). on_convert(gguf path) is called when a GGUF file
-    is about to be converted (the slow first load), to tell the user."""
+    is about to be converted (the slow first load), to tell the user. int4: run short forwards
+    on 4-bit copies of the linears (None: the default, see `wants_int4`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decoding.attention import install
+    from decoding.attention import NAME, install, row_exact
     from decoding.cache import rollback_problem, takes_cache
 
     start = time.perf_counter()
@@ -236,6 +249,14 @@ def load_model(
         raise ModelNotSupported(f"{spec} ({type(model).__name__}) takes no KV cache in its "
                                 f"forward; ragspec cannot generate with it step by step")
     model.to(dev).eval()
+    attention = install(model)
+    quantized = (wants_int4(dev, dtype, exact) and attention == NAME) if int4 is None else int4
+    if quantized:
+        from decoding.quant import int4_token_limit, quantize_linears
+
+        quantize_linears(model)
+        # 4-bit linears round their input: keep every verify row exact
+        row_exact(model, int4_token_limit(model) or 0)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -244,8 +265,9 @@ def load_model(
         dtype=dtype,
         load_seconds=time.perf_counter() - start,
         converted=converted,
-        attention=install(model),
+        attention=attention,
         speculation_off_reason=rollback_problem(model),
+        int4=quantized,
     )
 
 

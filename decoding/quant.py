@@ -97,7 +97,7 @@ class Int4Linear(nn.Module):
         if rows > self.max_int4_tokens:
             return nn.functional.linear(x, self.weight, self.bias)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(rows, self.in_features).to(torch.bfloat16), self.packed, self.group,
+            x.reshape(rows, self.in_features).to(torch.bfloat16).contiguous(), self.packed, self.group,
             self.scales_and_zeros)
         y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         return y + self.bias if self.bias is not None else y

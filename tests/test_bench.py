@@ -200,9 +200,10 @@ def test_method_order_runs_greedy_first_and_rotates_the_rest():
 
 def test_questions_file_missing_kind_means_copy(tmp_path):
     path = tmp_path / "q.jsonl"
-    path.write_text('{"id": "a", "question": "Why?"}\n\n{"question": "How?", "kind": "open"}\n')
+    path.write_text('{"id": "a", "question": "Why?"}\n\n{"question": "How?", "kind": "open"}\n'
+                    '{"id": "n", "question": "Who?", "kind": "unanswerable"}\n')
     qs = core.load_questions(path)
-    assert [(q.id, q.kind) for q in qs] == [("a", "copy"), ("3", "open")]
+    assert [(q.id, q.kind) for q in qs] == [("a", "copy"), ("3", "open")]  # no "n": nothing to copy
     assert len(core.load_questions(path, limit=1)) == 1
 
 
@@ -274,7 +275,28 @@ def test_cli_bad_questions_file_exits_1_and_says_where(cli_env):
     assert "Traceback" not in result.output
 
 
+def test_cli_methods_runs_those_and_their_baselines(cli_env):
+    _, corpus, questions, _ = cli_env
+    result = CliRunner().invoke(main, ["bench", "--corpus", str(corpus), "--questions",
+                                       str(questions), "--max-new-tokens", "4", "--limit", "1",
+                                       "--methods", "ragspec, hf_pld", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["methods"] == ["greedy", "ragspec", "hf_greedy", "hf_pld"]
+    runs = data["questions"][0]["results"]
+    assert runs["ragspec"]["identical_to_greedy"] is True  # greedy ran: compared
+    assert runs["hf_greedy"]["new_tokens"] == 4
+    alone = CliRunner().invoke(main, ["bench", "--corpus", str(corpus), "--questions",
+                                      str(questions), "--max-new-tokens", "4", "--limit", "1",
+                                      "--methods", "ragspec", "--json"])
+    data = json.loads(alone.stdout)
+    assert data["methods"] == ["greedy", "ragspec"]
+    assert data["questions"][0]["results"]["greedy"]["identical_to_greedy"] is None  # no hf_greedy
+    assert data["summary"]["all"]["greedy"]["all_identical"] is None
+
+
 @pytest.mark.parametrize("args", [
+    ["--methods", "ragspec,fastest"],
     ["--max-new-tokens", "0"],
     ["--limit", "0"],
     ["--questions", "does-not-exist.jsonl"],

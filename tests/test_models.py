@@ -149,7 +149,7 @@ def test_a_cached_hub_id_loads_offline_and_a_base_model_generates_without_a_temp
               "--model", "tiny-org/tiny-base", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
-    assert out["token_ids"] == hf_greedy(tiny_model, out["prompt_token_ids"], 10)
+    assert out["token_ids"] == hf_greedy(loaded.model, out["prompt_token_ids"], 10)  # same weights
 
 
 def test_ask_with_a_cached_hub_id_answers_offline(hub_cache, run, tmp_path):

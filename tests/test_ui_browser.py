@@ -18,13 +18,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from ui_support import free_port, wait_healthy
 
 from app.commands.ui import streamlit_argv, streamlit_env
 from tests.conftest import MODEL_CACHE, make_char_tokenizer, make_tiny_model
@@ -48,26 +46,6 @@ Job logs are kept for 14 days by default; logs larger than max_log_size are trun
 start, keeping the newest output.
 """
 QUESTION = "On which port does the metrics endpoint listen, and what does it serve?"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited with status {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"streamlit did not become healthy at {url} in {timeout:.0f} s")
 
 
 @contextlib.contextmanager

@@ -111,15 +111,15 @@ def test_a_failing_turn_does_not_stop_the_worker():
 
 @pytest.fixture
 def two_users(tmp_path, monkeypatch):
-    from decoding.engine import Generator
+    from decoding import engine
 
-    forward = Generator._forward
+    forward = engine.forward
 
-    def slow_forward(self, *args, **kwargs):
+    def slow_forward(*args, **kwargs):
         time.sleep(0.01)
-        return forward(self, *args, **kwargs)
+        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(Generator, "_forward", slow_forward)
+    monkeypatch.setattr(engine, "forward", slow_forward)
     a = tiny_page(tmp_path, monkeypatch)
     b = new_session()
     for at in (a, b):

@@ -7,7 +7,10 @@ from __future__ import annotations
 import functools
 import json
 import re
+import socket
+import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 from bs4 import BeautifulSoup
@@ -170,3 +173,25 @@ def live_markup(text: str) -> list[str]:
             if child.type == "text" and _AUTOLINK.search(child.content):
                 found.append(f"autolink in {child.content[:80]!r}")
     return found
+
+
+# -- a real server ------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"streamlit did not become healthy at {url} in {timeout:.0f} s")

@@ -15,6 +15,7 @@ import sys
 import click
 
 from app import bench as core
+from app.bench_llamacpp import LLAMACPP_METHODS
 from app import bench_summary as summary
 
 
@@ -61,10 +62,13 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) 
               help="Also run llama.cpp on the same GGUF file (llamacpp, llamacpp_pld); default: "
                    "when llama-cpp-python is installed (`make bench-anchors`) and the model "
                    "comes from a GGUF file.")
+@click.option("--methods", default=None, metavar="M,M...",
+              help="Run only these methods (and their baselines; greedy always). Without a "
+                   "method's reference (hf_greedy for greedy) its identity is not checked.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
 def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
           limit: int | None, index: str | None, out: str | None, plot_path: str | None,
-          repeats: int, llamacpp: bool | None, as_json: bool) -> None:
+          repeats: int, llamacpp: bool | None, methods: str | None, as_json: bool) -> None:
     """Benchmark ragspec against greedy decoding, transformers' prompt lookup and an oracle.
 
     Ingests DIR, builds each question's prompt with the real pipeline, then runs on every
@@ -75,6 +79,12 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     same GGUF file). Speedups are tokens/s (prefill included) over each tool's own greedy on the
     same question; the ratios compare ragspec with llama.cpp and transformers directly.
     """
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    try:
+        if chosen is not None:  # unknown names fail before the model loads
+            core.select_methods(chosen, core.METHODS + LLAMACPP_METHODS)
+    except core.BenchInputError as exc:
+        raise click.UsageError(str(exc)) from exc
     try:
         questions = core.load_questions(questions_file, limit)
     except core.BenchInputError as exc:
@@ -84,7 +94,12 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
         click.echo(f"warning: {failure}", err=True)
     if not setup.prepared:
         raise click.ClickException("no question could be prepared; nothing to benchmark")
-    entries = _run_with_progress(setup, max_new_tokens, repeats)
+    try:
+        runner = core.Runner(setup.generator, anchors=setup.anchors,
+                             methods=chosen)
+    except core.BenchInputError as exc:
+        raise click.UsageError(str(exc)) from exc
+    entries = _run_with_progress(runner, setup, max_new_tokens, repeats)
     results = summary.build_results(setup.model_name, setup.device, max_new_tokens, entries,
                                     repeats)
     _report(results, setup, out, plot_path, as_json)
@@ -94,8 +109,8 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
         sys.exit(1)
 
 
-def _run_with_progress(setup: core.Setup, max_new_tokens: int, repeats: int) -> list[dict]:
-    runner = core.Runner(setup.generator, anchors=setup.anchors)
+def _run_with_progress(runner: core.Runner, setup: core.Setup, max_new_tokens: int,
+                       repeats: int) -> list[dict]:
     total = len(setup.prepared) * len(runner.methods) * repeats
     with click.progressbar(length=total, label="Benchmarking", show_pos=True, show_eta=True,
                            item_show_func=lambda item: item,
