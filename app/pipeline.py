@@ -31,14 +31,16 @@ from app.retrieving import (
     NoDocumentsError,
     Retrieval,
     check_question,
+    hits_to_dicts,
     is_followup,
+    passage_json,
     retrieve,
     standalone_question,
 )
 from decoding.engine import GenerationStream, Generator
 from decoding.model import chat_prompt_text
 from decoding.types import GenerationConfig, GenerationResult, SourceRegion
-from retrieval.store import SEARCH_MODES, Hit, Passage
+from retrieval.store import SEARCH_MODES, Passage
 
 # Callers import these from here too (they were defined here before app.retrieving existed).
 __all__ = ["Pipeline", "PipelineConfig", "PreparedPrompt", "Answer", "NoDocumentsError",
@@ -148,31 +150,12 @@ class Answer:
         }
 
 
-def hits_to_dicts(hits: Sequence[Hit]) -> list[dict]:
-    """Search hits as JSON, in passages_to_dicts' shape (nothing was copied from them)."""
-    prepared = PreparedPrompt(prompt_ids=[], sources=[], passages=[h.passage for h in hits],
-                              standalone_question="", prompt_text="",
-                              scores=[h.score for h in hits])
-    return passages_to_dicts(prepared)
-
-
 def passages_to_dicts(prepared: PreparedPrompt, spans: Sequence = ()) -> list[dict]:
     """The cited passages as JSON: number, provenance, score and the char ranges copied."""
     copied = copied_ranges(spans)
-    out = []
-    for i, p in enumerate(prepared.passages):
-        out.append({
-            "n": i + 1,
-            "id": p.id,
-            "doc_id": p.doc_id,
-            "source": p.source,
-            "page": p.page,
-            "start": p.start,
-            "score": prepared.scores[i] if i < len(prepared.scores) else None,
-            "text": p.text,
-            "copied": [list(r) for r in copied.get(i, [])],
-        })
-    return out
+    return [passage_json(i + 1, p, prepared.scores[i] if i < len(prepared.scores) else None,
+                         copied.get(i, []))
+            for i, p in enumerate(prepared.passages)]
 
 
 # -- the pipeline -------------------------------------------------------------------------------

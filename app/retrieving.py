@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from retrieval.store import Hit
+from retrieval.records import Hit, Passage
 
 NOT_IN_DOCUMENTS = ("Your documents do not appear to contain the answer to this question, so no "
                     "answer was generated. These are the closest passages found:")
@@ -68,6 +68,17 @@ def retrieve(store, question: str, history: Sequence[dict] = (), *, k: int = 4,
     refused = min_score > 0 and result.best_score is not None and result.best_score < min_score
     return Retrieval(question, standalone, list(result.hits), result.best_score, min_score,
                      refused)
+
+
+def passage_json(n: int, p: Passage, score: float | None, copied: Sequence = ()) -> dict:
+    """One passage as `ask --json` shows it: number, provenance, score, text, copied ranges."""
+    return {"n": n, "id": p.id, "doc_id": p.doc_id, "source": p.source, "page": p.page,
+            "start": p.start, "score": score, "text": p.text, "copied": [list(r) for r in copied]}
+
+
+def hits_to_dicts(hits: Sequence[Hit]) -> list[dict]:
+    """Search hits in passage_json's shape (nothing was copied from them)."""
+    return [passage_json(i + 1, h.passage, h.score) for i, h in enumerate(hits)]
 
 
 # -- follow-up questions ------------------------------------------------------------------------
