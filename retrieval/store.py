@@ -52,7 +52,7 @@ from retrieval.errors import (
     RetrievalError,
     UnknownDocumentError,
 )
-from retrieval.faiss_store import from_lc, gpu_available, new_faiss, to_lc
+from retrieval.faiss_store import GpuView, from_lc, gpu_available, new_faiss, to_lc
 from retrieval.fusion import fuse
 from retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
 from retrieval.passages import PassageDraft, TokenCounter
@@ -94,7 +94,7 @@ class PassageStore:
         self.index_dir = index_dir
         self.embedder = embedder
         self.lock_timeout = lock_timeout
-        self._use_gpu = gpu_available() if use_gpu is None else use_gpu
+        self._gpu = GpuView(gpu_available() if use_gpu is None else use_gpu)
         self._writer: int | None = None  # the thread inside writing(), if any
         self._mutex = threading.RLock()  # in-process: reads vs. a commit being applied
         self._dirty = False
@@ -124,7 +124,7 @@ class PassageStore:
 
     def _load(self) -> None:
         snapshot = persist.read_snapshot(self.index_dir)
-        self._gpu_view = None
+        self._gpu.reset()
         self._dirty = False
         if snapshot is None:
             self._commit = None
@@ -235,7 +235,7 @@ class PassageStore:
                     f"size {self._lc.index.d}. {persist.rebuild_hint(self.index_dir)}"
                 )
             depth = max(k, HYBRID_DEPTH) if mode == "hybrid" else k
-            view = self._search_view()
+            view = self._gpu.view(self._lc, self.embedder)
             dense = view.similarity_search_with_score_by_vector(vector, k=min(depth, count))
             if mode == "hybrid":
                 hits = self._fuse(query, vector, dense, k)
@@ -261,27 +261,6 @@ class PassageStore:
         if self._rows is None:
             self._rows = {doc_id: row for row, doc_id in self._lc.index_to_docstore_id.items()}
         return self._rows[pid]
-
-    def _search_view(self) -> FAISS:
-        if not self._use_gpu:
-            return self._lc
-        if self._gpu_view is None:
-            # A GPU copy for searching only: writes go to the CPU index (GPU flat indexes cannot
-            # remove rows, and the saved form must be the CPU one). Rebuilt after each change.
-            try:
-                self._gpu_resources = (
-                    getattr(self, "_gpu_resources", None) or faiss.StandardGpuResources()
-                )
-                gpu_index = faiss.index_cpu_to_gpu(self._gpu_resources, 0, self._lc.index)
-            except RuntimeError as exc:  # out of GPU memory, driver trouble: CPU still works
-                logger.warning("FAISS GPU copy failed (%s); searching on the CPU instead", exc)
-                self._use_gpu = False
-                return self._lc
-            view = new_faiss(gpu_index, self.embedder)
-            view.docstore = self._lc.docstore
-            view.index_to_docstore_id = self._lc.index_to_docstore_id
-            self._gpu_view = view
-        return self._gpu_view
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -331,7 +310,7 @@ class PassageStore:
         self._lc = None
         self._keywords = BM25Index()
         self._rows = None
-        self._gpu_view = None
+        self._gpu.reset()
         self._dirty = False
 
     def _save(self) -> None:
@@ -443,7 +422,7 @@ class PassageStore:
 
     def _changed(self) -> None:
         self._dirty = True
-        self._gpu_view = None
+        self._gpu.reset()
         self._rows = None
 
 
