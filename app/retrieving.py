@@ -5,7 +5,8 @@ Contract:
     `standalone_question`), searches with the chosen mode ("dense" or "hybrid", see
     retrieval.store) and compares the best cosine of any passage with the relevance floor
     `min_score`: below it the Retrieval is `refused`, and the caller shows NOT_IN_DOCUMENTS with
-    the closest passages instead of asking the model. No model is needed here, so a refusal
+    the closest passages (the most similar ones, whatever the mode) instead of asking the
+    model. No model is needed here, so a refusal
     costs one embedding and one search. min_score = 0 turns the floor off.
   * Follow-ups: with chat history, a question that leans on an earlier one ("and what about its
     GPU version?") is made standalone by prefixing the previous standalone question. A rule,
@@ -66,6 +67,10 @@ def retrieve(store, question: str, history: Sequence[dict] = (), *, k: int = 4,
         )
     result = store.retrieve(standalone, k=k, mode=search)
     refused = min_score > 0 and result.best_score is not None and result.best_score < min_score
+    if refused and search != "dense":
+        # The closest passages shown with a refusal are the most similar ones, the best (whose
+        # score the floor judged) first; a fused ranking need not hold that one at all.
+        result = store.retrieve(standalone, k=k, mode="dense")
     return Retrieval(question, standalone, list(result.hits), result.best_score, min_score,
                      refused)
 

@@ -308,10 +308,15 @@ def test_retrieval_uses_the_configured_search_mode_and_reports_the_floor(tiny_to
                                                                        min_score=0.5))
     retrieval = p.retrieve("Which port serves metrics?")
     assert store.modes == ["dense"] and retrieval.refused and retrieval.best_score == 0.3
+    # A hybrid refusal shows the most similar passages: a second, dense search.
+    hybrid = Pipeline(store, stub_generator(tiny_tokenizer),
+                      PipelineConfig(search="hybrid", min_score=0.5)).retrieve("Which port?")
+    assert store.modes[1:] == ["hybrid", "dense"] and hybrid.refused
+    store.modes.clear()
     assert retrieval.to_dict() == {"refused": True, "message": NOT_IN_DOCUMENTS,
                                    "best_score": 0.3, "min_score": 0.5}
     Pipeline(store, stub_generator(tiny_tokenizer), PipelineConfig()).retrieve("Which port?")
-    assert store.modes[-1] == DEFAULT_SEARCH
+    assert store.modes[0] == DEFAULT_SEARCH
 
 
 @pytest.mark.parametrize("kwargs, message", [
