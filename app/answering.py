@@ -1,10 +1,12 @@
 """One chat answer as a turn of the shared queue, saved into its chat as it grows.
 
 Contract:
-  * `AnswerJob` answers one question of one chat with the settings the user chose: it loads
-    the named model (through ModelRegistry: offered names only), retrieves passages and
-    builds the prompt (app.pipeline), then streams every run (one, or speculation off and on
-    side by side: one turn either way).
+  * `AnswerJob` answers one question of one chat with the settings the user chose: it
+    retrieves passages (app.retrieving); when none is relevant enough (the relevance floor) it
+    ends there, "refused", with the closest passages and no model loaded or called; otherwise
+    it loads the named model (through ModelRegistry: offered names only), builds the prompt
+    (app.pipeline), then streams every run (one, or speculation off and on side by side: one
+    turn either way).
   * Its assistant message in the chat file (app.chats) follows it: status "waiting" when
     submitted, then "generating" with the spans so far (saved at most every `save_every`
     seconds), and finally "done", "stopped" (Stop pressed: what was written is kept, the
@@ -24,6 +26,7 @@ from dataclasses import dataclass, replace
 
 from app import chats as ch
 from app.pipeline import NoDocumentsError, Pipeline, PipelineConfig
+from app.retrieving import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS, retrieve
 from app.turns import Turn, TurnQueue
 from app.ui_models import ModelNotOffered, ModelRegistry
 from decoding.model import ModelNotFound
@@ -34,11 +37,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class AnswerSettings:
-    """What the user chose in the sidebar. model: an offered model's name."""
+    """What the user chose in the sidebar. model: an offered model's name. search and
+    min_score: the search mode and the relevance floor (see app.retrieving)."""
 
     model: str
     k: int = 4
     max_new_tokens: int = 256
+    search: str = DEFAULT_SEARCH
+    min_score: float = DEFAULT_MIN_SCORE
     temperature: float = 0.0
     speculate: bool = True
     side_by_side: bool = False
@@ -47,8 +53,12 @@ class AnswerSettings:
     adaptive: bool = True
 
     def __post_init__(self) -> None:
-        PipelineConfig(k=self.k, max_new_tokens=self.max_new_tokens)  # raises what is wrong
+        self.pipeline_config()  # raises what is wrong
         self.configs()
+
+    def pipeline_config(self) -> PipelineConfig:
+        return PipelineConfig(k=self.k, max_new_tokens=self.max_new_tokens, search=self.search,
+                              min_score=self.min_score)
 
     def configs(self) -> list[tuple[str, GenerationConfig]]:
         """(label, config) per run: one run, or speculation off then on."""
@@ -83,6 +93,7 @@ class AnswerJob(Turn):
         self.scores: list = []
         self.standalone: str | None = None
         self.note: str | None = None  # e.g. why this model generates without drafts
+        self.refused = False  # no passage relevant enough: answered with NOT_IN_DOCUMENTS
         self.runs: list[dict] = []  # {"label", "spans": [Span], "stats": GenerationStats|None}
         self._lock = threading.Lock()
         self._saved_at = 0.0
@@ -97,7 +108,8 @@ class AnswerJob(Turn):
             runs = [{"label": r["label"], "spans": list(r["spans"])} for r in self.runs]
             return {"phase": self.phase, "ahead": ahead, "runs": runs, "error": self.error,
                     "passages": list(self.passages), "model": name, "model_loaded": loaded,
-                    "bundled": bundled, "configs": len(self.settings.configs()), "note": self.note}
+                    "bundled": bundled, "configs": len(self.settings.configs()), "note": self.note,
+                    "refused": self.refused}
 
     # -- the work -------------------------------------------------------------------------------
 
@@ -120,6 +132,19 @@ class AnswerJob(Turn):
         self._finish()
 
     def _answer(self) -> None:
+        pipe_config = self.settings.pipeline_config()
+        self._set_phase("retrieving")
+        with self.index_lock:
+            retrieval = retrieve(self.store, self.question, self.history, k=pipe_config.k,
+                                 search=pipe_config.search, min_score=pipe_config.min_score)
+        self.standalone = retrieval.standalone_question
+        if retrieval.refused:
+            with self._lock:
+                self.passages = [h.passage for h in retrieval.hits]
+                self.scores = [h.score for h in retrieval.hits]
+                self.refused = True
+            self._set_phase("done")
+            return
         self._set_phase("loading")
         try:
             loaded, generator = self.models.get(self.settings.model)
@@ -129,11 +154,8 @@ class AnswerJob(Turn):
         if self.stop_requested:
             self._set_phase("stopped")
             return
-        pipeline = Pipeline(self.store, generator, PipelineConfig(
-            k=self.settings.k, max_new_tokens=self.settings.max_new_tokens))
-        self._set_phase("retrieving")
-        with self.index_lock:
-            prepared = pipeline.prepare(self.question, self.history)
+        pipeline = Pipeline(self.store, generator, pipe_config)
+        prepared = pipeline.prepare_retrieved(retrieval)
         with self._lock:
             self.passages, self.scores = list(prepared.passages), list(prepared.scores)
             self.standalone = prepared.standalone_question
@@ -185,10 +207,11 @@ class AnswerJob(Turn):
                         for i, p in enumerate(self.passages)]
         status = self.phase if self.phase in ("done", "stopped", "failed", "waiting") \
             else "generating"
-        return {"role": "assistant", "content": runs[-1]["text"] if runs else "",
+        content = NOT_IN_DOCUMENTS if self.refused else runs[-1]["text"] if runs else ""
+        return {"role": "assistant", "content": content,
                 "status": status, "model": self.settings.model, "error": self.error,
                 "greedy": self.settings.temperature == 0, "runs": runs, "passages": passages,
-                "note": self.note}
+                "note": self.note, "refused": self.refused}
 
     def _save(self) -> None:
         message, standalone = self.message(), self.standalone

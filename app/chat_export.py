@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from app.chats import answer_record
 from app.render import source_label
+from app.retrieving import NOT_IN_DOCUMENTS
 
 _STATUS_NOTE = {
     "stopped": "*(stopped: the answer was cut short)*",
@@ -27,6 +28,8 @@ def _quote(text: str) -> str:
 def _answer(message: dict) -> list[str]:
     record = answer_record(message)
     out = []
+    if record["refused"]:
+        out.append(f"*{NOT_IN_DOCUMENTS}*")
     if record["runs"]:
         out.append(record["runs"][-1]["text"].strip() or "*(empty answer)*")
     note = _STATUS_NOTE.get(record["status"])

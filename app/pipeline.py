@@ -11,10 +11,10 @@ Contract:
   * The prompt fits the model's context with room for `max_new_tokens`: the lowest-ranked
     passages are dropped first, the last one kept may be cut short at a word boundary; the
     question is never cut (a question that alone does not fit is a ValueError).
-  * Follow-ups (see `standalone_question`): with chat history, a question that leans on an
-    earlier one ("and what about its GPU version?") is made standalone by prefixing the previous
-    standalone question. A rule, not the model: a 135M model rewrites questions unreliably and
-    the rewrite would cost a whole generation before retrieval starts.
+  * Retrieval and the relevance floor: see app.retrieving (`Pipeline.retrieve` applies this
+    pipeline's settings). `ask` refuses without calling the model when the floor says so;
+    `prepare` builds a prompt whatever the verdict (benchmarks measure generation on every
+    question).
   * `stream` / `ask`: generation through decoding.Generator; `ask` is the collected stream.
 """
 
@@ -25,10 +25,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from app.render import copied_ranges, source_label
+from app.retrieving import (
+    DEFAULT_MIN_SCORE,
+    DEFAULT_SEARCH,
+    NoDocumentsError,
+    Retrieval,
+    check_question,
+    hits_to_dicts,
+    is_followup,
+    passage_json,
+    retrieve,
+    standalone_question,
+)
 from decoding.engine import GenerationStream, Generator
 from decoding.model import chat_prompt_text
 from decoding.types import GenerationConfig, GenerationResult, SourceRegion
-from retrieval.store import Passage
+from retrieval.store import SEARCH_MODES, Passage
+
+# Callers import these from here too (they were defined here before app.retrieving existed).
+__all__ = ["Pipeline", "PipelineConfig", "PreparedPrompt", "Answer", "NoDocumentsError",
+           "Retrieval", "is_followup", "standalone_question", "passages_to_dicts",
+           "hits_to_dicts", "DEFAULT_SEARCH", "DEFAULT_MIN_SCORE", "SYSTEM_PROMPT"]
 
 # Chosen by trying variants on the bundled SmolLM2-135M: a short instruction, passages in the
 # user turn, the question last.
@@ -37,10 +54,6 @@ SYSTEM_PROMPT = (
     "Copy the relevant sentences from the passages word for word, and cite them like [1]. "
     "If the passages do not contain the answer, say that you do not know."
 )
-
-
-class NoDocumentsError(RuntimeError):
-    """The index holds no passages: there is nothing to answer from."""
 
 
 @dataclass
@@ -54,6 +67,9 @@ class PipelineConfig:
     best_last: list the passages in reverse rank order, so the best one ([1]) sits right before
         the question; a 135M model quotes the passage nearest the question most (see README).
     system_prompt: the instruction given to the model.
+    search: "dense" (embedding similarity) or "hybrid" (fused with BM25 keyword ranking).
+    min_score: the relevance floor: below this best cosine the question is not answered
+        (0 disables it).
     """
 
     k: int = 4
@@ -63,6 +79,8 @@ class PipelineConfig:
     rewrite_followups: bool = True
     best_last: bool = True
     system_prompt: str = SYSTEM_PROMPT
+    search: str = DEFAULT_SEARCH
+    min_score: float = DEFAULT_MIN_SCORE
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= 50:
@@ -78,6 +96,12 @@ class PipelineConfig:
             raise ValueError(f"min_passage_chars must be >= 0, got {self.min_passage_chars}")
         if not self.system_prompt.strip():
             raise ValueError("system_prompt must not be empty")
+        if self.search not in SEARCH_MODES:
+            raise ValueError(f"search must be one of {', '.join(SEARCH_MODES)}, "
+                             f"got {self.search!r}")
+        if not 0 <= self.min_score <= 1:
+            raise ValueError(f"min_score (the relevance floor, a cosine similarity) must be "
+                             f"between 0 and 1 (0 = off), got {self.min_score}")
 
 
 @dataclass
@@ -101,76 +125,37 @@ class PreparedPrompt:
 
 @dataclass
 class Answer:
-    result: GenerationResult
+    """An answer, or a refusal (`refused`): then result and prepared are None and passages are
+    the closest ones found."""
+
+    result: GenerationResult | None
     passages: list[Passage]
-    prepared: PreparedPrompt
+    prepared: PreparedPrompt | None
+    retrieval: Retrieval | None = None
+
+    @property
+    def refused(self) -> bool:
+        return self.retrieval is not None and self.retrieval.refused
 
     def to_dict(self) -> dict:
-        """{"answer": <generate --json object>, "passages": [...]}: the `ask --json` shapes."""
+        """{"answer": <generate --json object>|null, "passages": [...], "refused": bool}: the
+        `ask --json` shapes."""
+        if self.refused:
+            return {"answer": None, "passages": hits_to_dicts(self.retrieval.hits),
+                    "refused": True}
         return {
             "answer": self.result.to_dict(),
             "passages": passages_to_dicts(self.prepared, self.result.spans),
+            "refused": False,
         }
 
 
 def passages_to_dicts(prepared: PreparedPrompt, spans: Sequence = ()) -> list[dict]:
     """The cited passages as JSON: number, provenance, score and the char ranges copied."""
     copied = copied_ranges(spans)
-    out = []
-    for i, p in enumerate(prepared.passages):
-        out.append({
-            "n": i + 1,
-            "id": p.id,
-            "doc_id": p.doc_id,
-            "source": p.source,
-            "page": p.page,
-            "start": p.start,
-            "score": prepared.scores[i] if i < len(prepared.scores) else None,
-            "text": p.text,
-            "copied": [list(r) for r in copied.get(i, [])],
-        })
-    return out
-
-
-# -- follow-up questions ------------------------------------------------------------------------
-
-_REFERRING = {
-    "it", "its", "it's", "they", "them", "their", "theirs", "this", "that", "these", "those",
-    "there", "he", "she", "his", "her", "one", "ones", "same", "former", "latter", "above",
-    "also", "too", "else", "instead",
-}
-_FOLLOWUP_OPENERS = ("and ", "but ", "also ", "so ", "what about", "how about", "then ", "or ")
-
-
-def is_followup(question: str) -> bool:
-    """A question that needs the conversation to make sense: it opens like a continuation,
-    refers back with a pronoun, or is too short to stand alone (three words or fewer)."""
-    q = question.strip().lower()
-    words = re.findall(r"[a-z']+", q)
-    return (
-        q.startswith(_FOLLOWUP_OPENERS)
-        or any(w in _REFERRING for w in words)
-        or len(words) <= 3
-    )
-
-
-def standalone_question(question: str, history: Sequence[dict] = ()) -> str:
-    """The question made standalone with a simple rule.
-
-    history: chat turns, oldest first, as {"role": "user"|"assistant", "content": str}; a user
-    turn may carry "standalone" (what this function returned for it), so chains of follow-ups
-    keep the original subject. A follow-up (see is_followup) becomes
-    "<previous standalone question> <question>"; anything else is returned unchanged.
-    """
-    question = question.strip()
-    previous = next(
-        (t.get("standalone") or t.get("content", "") for t in reversed(list(history))
-         if t.get("role") == "user" and (t.get("standalone") or t.get("content", "")).strip()),
-        "",
-    ).strip()
-    if not previous or not is_followup(question):
-        return question
-    return f"{previous} {question}"
+    return [passage_json(i + 1, p, prepared.scores[i] if i < len(prepared.scores) else None,
+                         copied.get(i, []))
+            for i, p in enumerate(prepared.passages)]
 
 
 # -- the pipeline -------------------------------------------------------------------------------
@@ -202,31 +187,41 @@ class Pipeline:
         return budget
 
     def prepare(self, question: str, history: Sequence[dict] = ()) -> PreparedPrompt:
-        """Rewrite a follow-up, retrieve the top-k passages and build the prompt."""
-        question = _check_question(question)
-        standalone = (standalone_question(question, history)
-                      if self.config.rewrite_followups else question)
-        if self.store.passage_count() == 0:
-            raise NoDocumentsError(
-                "No documents are indexed yet. Add some with `ragspec ingest PATH...` or the "
-                "upload box in the sidebar of `ragspec ui`."
-            )
-        hits = self.store.search(standalone, k=self.config.k)
-        return self._build(standalone, [h.passage for h in hits], [h.score for h in hits])
+        """Rewrite a follow-up, retrieve the top-k passages and build the prompt (whatever the
+        relevance floor says: see `retrieve`)."""
+        return self.prepare_retrieved(self.retrieve(question, history))
+
+    def retrieve(self, question: str, history: Sequence[dict] = ()) -> Retrieval:
+        """app.retrieving.retrieve with this pipeline's store and settings."""
+        c = self.config
+        return retrieve(self.store, question, history, k=c.k, search=c.search,
+                        min_score=c.min_score, rewrite_followups=c.rewrite_followups)
+
+    def prepare_retrieved(self, retrieval: Retrieval) -> PreparedPrompt:
+        """The prompt for what `retrieve` found."""
+        hits = retrieval.hits
+        return self._build(retrieval.standalone_question, [h.passage for h in hits],
+                           [h.score for h in hits])
 
     def prepare_with_passages(self, question: str, passages: Sequence[Passage]) -> PreparedPrompt:
         """Build the prompt from given passages (no retrieval, no rewriting)."""
-        return self._build(_check_question(question), list(passages), [])
+        return self._build(check_question(question), list(passages), [])
 
     def stream(self, prepared: PreparedPrompt, gen_config: GenerationConfig) -> GenerationStream:
         return self.generator.stream(prepared.prompt_ids, gen_config, sources=prepared.sources)
 
     def ask(self, question: str, history: Sequence[dict] = (),
             gen_config: GenerationConfig | None = None) -> Answer:
-        prepared = self.prepare(question, history)
+        """Answer, or refuse without calling the model when the floor says so."""
+        retrieval = self.retrieve(question, history)
+        if retrieval.refused:
+            return Answer(result=None, passages=[h.passage for h in retrieval.hits],
+                          prepared=None, retrieval=retrieval)
+        prepared = self.prepare_retrieved(retrieval)
         config = gen_config or GenerationConfig(max_new_tokens=self.config.max_new_tokens)
         result = self.stream(prepared, config).result()
-        return Answer(result=result, passages=list(prepared.passages), prepared=prepared)
+        return Answer(result=result, passages=list(prepared.passages), prepared=prepared,
+                      retrieval=retrieval)
 
     # -- prompt building ------------------------------------------------------------------
 
@@ -332,9 +327,3 @@ def _region(label: int, ids: list[int], offsets: list, start: int, end: int) -> 
         for a, b in offsets[first : last + 1]
     )
     return SourceRegion(first, last + 1, label, chars)
-
-
-def _check_question(question: str) -> str:
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError("the question is empty: type a question about your documents")
-    return question.strip()

@@ -18,6 +18,8 @@ from app import render as rd
 from app import uploads
 from app.answering import ACTIVE, AnswerSettings
 from app.chats import ChatStore
+from app.retrieving import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS
+from retrieval.records import SEARCH_MODES
 
 LIVE_REFRESH_SECONDS = 0.5
 
@@ -46,6 +48,9 @@ def show_answer(record: dict) -> None:
         st.warning(_INTERRUPTED)
     if record.get("note"):
         st.info(md(record["note"]))
+    if record.get("refused"):
+        show_refusal(record["passages"], record["scores"])
+        return
     if not runs:
         if status == "stopped":
             st.caption("Stopped before it started.")
@@ -65,6 +70,17 @@ def show_answer(record: dict) -> None:
                                            record["greedy"])
         {True: st.success, False: st.error, None: st.info}[ok](message)
     show_sources(runs[-1]["spans"], passages, record["scores"])
+
+
+def show_refusal(passages, scores) -> None:
+    """The "not in your documents" reply: no answer was generated; the closest passages."""
+    st.info("\U0001F50E " + NOT_IN_DOCUMENTS)
+    st.caption("The relevance floor is in the sidebar's settings (0 turns it off).")
+    for i, p in enumerate(passages):
+        score = f" · score {scores[i]:.2f}" if i < len(scores) and scores[i] is not None else ""
+        st.markdown(f"<div class=\"rs-closest\"><b>{rd.escape_text(rd.passage_label(i, p))}</b>"
+                    f"{score} · char {p.start}</div>", unsafe_allow_html=True)
+        st.markdown(rd.passage_html(p.text, []), unsafe_allow_html=True)
 
 
 def show_stats(run: dict, baseline: dict | None) -> None:
@@ -248,9 +264,19 @@ def sidebar_settings(model_names: list[str]) -> AnswerSettings:
     temperature = st.slider("Temperature (0 = greedy)", 0.0, 1.5, 0.0, step=0.1,
                             key="temperature")
     k = st.slider("Passages per question", 1, 8, 4, key="k")
+    search = st.selectbox(
+        "Search", SEARCH_MODES, index=SEARCH_MODES.index(DEFAULT_SEARCH), key="search",
+        help="dense: embedding similarity only; hybrid: fused with keyword (BM25) ranking, "
+             "which finds exact names, codes and numbers.")
+    min_score = st.slider(
+        "Relevance floor", 0.0, 0.9, DEFAULT_MIN_SCORE, step=0.05, key="min_score",
+        help="When no passage is at least this similar to the question, the answer says that "
+             "your documents do not appear to contain it and shows the closest passages, "
+             "without asking the model. 0 turns this off.")
     max_new_tokens = st.number_input("Maximum answer tokens", 8, 1024, 256, step=8,
                                      key="max_new_tokens")
-    return AnswerSettings(model=model, k=k, max_new_tokens=int(max_new_tokens),
+    return AnswerSettings(model=model, k=k, max_new_tokens=int(max_new_tokens), search=search,
+                          min_score=float(min_score),
                           temperature=float(temperature), speculate=speculate,
                           side_by_side=side_by_side, max_ngram=max_ngram, max_draft=max_draft,
                           adaptive=adaptive)

@@ -3,7 +3,8 @@
 sources (which files; each read once) -> loaders (bytes -> text per page, bounded by limits;
 html_text, docx_text, archive) -> passages (token-aware splitting in one linear pass) ->
 embeddings (bundled all-MiniLM-L6-v2) -> store (FAISS through LangChain, persisted without pickle,
-committed under lock.py's write lock); ingest ties them together, committing in batches. Never
+committed under lock.py's write lock, with a BM25 keyword index of the same passages, bm25.py,
+for hybrid search fused by fusion.py); ingest ties them together, committing in batches. Never
 imports `decoding` or `app`.
 
 Public entry points: retrieval.embeddings.Embedder, retrieval.store.PassageStore (with Passage,

@@ -3,10 +3,13 @@
 
 Contract: `to_lc(p)` and `from_lc(doc)` are inverses for every `Passage`; `new_faiss(index,
 embedder)` searches by exact inner product (the vectors are normalised: cosine similarity) and
-never embeds by itself unless given an embedder (searches pass vectors).
+never embeds by itself unless given an embedder (searches pass vectors). `GpuView` keeps a GPU
+copy of a store for searching, when there is a GPU to use.
 """
 
 from __future__ import annotations
+
+import logging
 
 import faiss
 from langchain_community.docstore.in_memory import InMemoryDocstore
@@ -16,6 +19,8 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 
 from retrieval.records import Passage
+
+logger = logging.getLogger(__name__)
 
 
 class _NoEmbedder(Embeddings):
@@ -58,3 +63,35 @@ def from_lc(doc: Document) -> Passage:
 def gpu_available() -> bool:
     # faiss-cpu builds have no StandardGpuResources; GPU builds report the visible devices.
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+class GpuView:
+    """A GPU copy of a LangChain FAISS store, for searching only: writes go to the CPU index
+    (GPU flat indexes cannot remove rows, and the saved form must be the CPU one). `reset()`
+    after each change; the next `view()` copies again. Without a GPU, or when copying fails
+    (out of GPU memory, driver trouble), `view()` is the CPU store itself."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._resources = None
+        self._view: FAISS | None = None
+
+    def reset(self) -> None:
+        self._view = None
+
+    def view(self, lc: FAISS, embedder) -> FAISS:
+        if not self.enabled:
+            return lc
+        if self._view is None:
+            try:
+                self._resources = self._resources or faiss.StandardGpuResources()
+                gpu_index = faiss.index_cpu_to_gpu(self._resources, 0, lc.index)
+            except RuntimeError as exc:
+                logger.warning("FAISS GPU copy failed (%s); searching on the CPU instead", exc)
+                self.enabled = False
+                return lc
+            view = new_faiss(gpu_index, embedder)
+            view.docstore = lc.docstore
+            view.index_to_docstore_id = lc.index_to_docstore_id
+            self._view = view
+        return self._view

@@ -1,21 +1,28 @@
-"""The index on disk: two files, written atomically, read without unpickling anything.
+"""The index on disk: written atomically, read without unpickling anything.
 
 Layout of an index directory:
   index.faiss     the FAISS index (CPU form), as written by faiss.serialize_index
   passages.jsonl  line 1: a header (format, version, embedder, dim, the sha256 of index.faiss,
-                  the sha256 of the remaining lines, counts, a commit id);
+                  the sha256 of the remaining lines, counts, a commit id, and the sha256 of
+                  keywords.npz when there is one);
                   then one line per document, then one line per passage in FAISS row order.
+  keywords.npz    the BM25 keyword index of the same passages, rows in the same order (see
+                  bm25.py). Derived data: when it is absent (an index written before it
+                  existed), or is not the one the header names, `Snapshot.keywords` is None and
+                  the store rebuilds it from the passage texts.
   .write.lock     the writers' lock (see store.py); its presence means nothing by itself.
 
 Commit protocol (one writer at a time, under the lock):
-  1. write index.faiss.new and passages.jsonl.new completely, fsync both;
-  2. rename index.faiss.new -> index.faiss, then passages.jsonl.new -> passages.jsonl;
+  1. write keywords.npz.new, index.faiss.new and passages.jsonl.new completely, fsync them;
+  2. rename keywords.npz.new -> keywords.npz, index.faiss.new -> index.faiss, then
+     passages.jsonl.new -> passages.jsonl;
   3. fsync the directory.
 passages.jsonl is the commit record: it names the exact index.faiss it belongs to by hash. A crash
 before step 2 leaves the old pair untouched (the .new files are garbage). A crash between the two
 renames leaves a new index.faiss beside the old passages.jsonl; the pending passages.jsonl.new
 matches it, so readers use that and the next writer completes the rename ("roll forward").
-Either way a reader sees one complete index, old or new, never a mix.
+Either way a reader sees one complete index, old or new, never a mix. A crash after the first
+rename leaves a keywords.npz the live header does not name: it is ignored (and rebuilt).
 
 Anything else that does not check out (truncated file, edited line, hash mismatch) raises
 IndexCorruptError telling the user how to rebuild; nothing here crashes inside FAISS.
@@ -41,6 +48,7 @@ FORMAT = "ragspec-passages"
 VERSION = 1
 FAISS_NAME = "index.faiss"
 PASSAGES_NAME = "passages.jsonl"
+KEYWORDS_NAME = "keywords.npz"
 PENDING_SUFFIX = ".new"
 LOCK_NAME = ".write.lock"
 
@@ -55,6 +63,7 @@ class Snapshot:
 
     documents: dicts with doc_id, source, sha256, size_bytes, ingested_at.
     passages: dicts with id, doc_id, page, start, text; row i of `index` embeds passages[i].
+    keywords: the bytes of keywords.npz when the commit names it and it matches, else None.
     """
 
     embedder: str
@@ -63,6 +72,7 @@ class Snapshot:
     passages: list[dict]
     index: faiss.Index
     commit: str
+    keywords: bytes | None = None
 
 
 def rebuild_hint(directory: Path) -> str:
@@ -103,9 +113,11 @@ def check_writable(directory: Path) -> None:
 
 def write_snapshot(
     directory: Path, embedder: str, dim: int, documents: list[dict], passages: list[dict],
-    index: faiss.Index,
+    index: faiss.Index, keywords: bytes | None = None,
 ) -> str:
-    """Commit a new index to `directory` (caller holds the write lock). Returns the commit id."""
+    """Commit a new index to `directory` (caller holds the write lock). Returns the commit id.
+
+    keywords: the keyword index's bytes (bm25.py), committed with the rest."""
     if index.ntotal != len(passages):
         raise AssertionError(f"index has {index.ntotal} rows for {len(passages)} passages")
     faiss_bytes = faiss.serialize_index(index).tobytes()
@@ -127,10 +139,16 @@ def write_snapshot(
         "passages": len(passages),
         "commit": commit,
     }
+    keywords_new = directory / (KEYWORDS_NAME + PENDING_SUFFIX)
+    if keywords is not None:
+        header["keywords_sha256"] = _sha256(keywords)
+        _write_durably(keywords_new, keywords)
     faiss_new = directory / (FAISS_NAME + PENDING_SUFFIX)
     passages_new = directory / (PASSAGES_NAME + PENDING_SUFFIX)
     _write_durably(faiss_new, faiss_bytes)
     _write_durably(passages_new, _line(header).encode("utf-8") + body)
+    if keywords is not None:
+        os.replace(keywords_new, directory / KEYWORDS_NAME)
     os.replace(faiss_new, directory / FAISS_NAME)
     os.replace(passages_new, directory / PASSAGES_NAME)
     _fsync_dir(directory)
@@ -171,8 +189,8 @@ def recover(directory: Path) -> None:
             if live is None or live.get("faiss_sha256") != header["faiss_sha256"]:
                 os.replace(pending, directory / PASSAGES_NAME)
                 _fsync_dir(directory)
-    for name in (FAISS_NAME + PENDING_SUFFIX, PASSAGES_NAME + PENDING_SUFFIX):
-        (directory / name).unlink(missing_ok=True)
+    for name in (FAISS_NAME, PASSAGES_NAME, KEYWORDS_NAME):
+        (directory / (name + PENDING_SUFFIX)).unlink(missing_ok=True)
 
 
 def _read_header(path: Path) -> dict | None:
@@ -250,8 +268,21 @@ def _read_once(directory: Path) -> Snapshot | None:
         raise _corrupt(directory, f"{FAISS_NAME} does not use inner-product search")
     return Snapshot(
         embedder=header["embedder"], dim=header["dim"], documents=documents, passages=passages,
-        index=index, commit=header["commit"],
+        index=index, commit=header["commit"], keywords=_read_keywords(directory, header),
     )
+
+
+def _read_keywords(directory: Path, header: dict) -> bytes | None:
+    """keywords.npz when the commit names it and it is that file; None otherwise (the caller
+    rebuilds the keyword index from the passages, so a missing or stale file costs time only)."""
+    expected = header.get("keywords_sha256")
+    if not isinstance(expected, str):
+        return None
+    try:
+        data = (directory / KEYWORDS_NAME).read_bytes()
+    except OSError:
+        return None
+    return data if _sha256(data) == expected else None
 
 
 _HEADER_TYPES = {

@@ -34,12 +34,33 @@ class Passage:
             raise ValueError(f"passage {self.id!r} has page={self.page}; pages count from 1")
 
 
+SEARCH_MODES = ("dense", "hybrid")
+
+
 @dataclass(frozen=True)
 class Hit:
-    """A search result: cosine similarity to the query (in [-1, 1]) and the passage."""
+    """A search result: cosine similarity to the query (in [-1, 1]) and the passage; in a hybrid
+    search, `fused` is its reciprocal-rank fusion score (what the hits are ordered by)."""
 
     score: float
     passage: Passage
+    fused: float | None = None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The hits of one search, best first, and the best cosine similarity of any passage in the
+    index to the query (None when the index is empty): in a hybrid search the passage with the
+    best cosine may rank below the hits returned."""
+
+    hits: list[Hit]
+    best_score: float | None
+    mode: str
+
+    def __post_init__(self) -> None:
+        if self.mode not in SEARCH_MODES:
+            raise ValueError(f"search mode must be one of {', '.join(SEARCH_MODES)}, "
+                             f"got {self.mode!r}")
 
 
 @dataclass(frozen=True)

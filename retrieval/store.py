@@ -6,7 +6,11 @@ Contract:
     until the first change. Loading never unpickles: the LangChain `FAISS` store is rebuilt from
     index.faiss and passages.jsonl.
   * Search is exact inner product over L2-normalised embeddings, i.e. cosine similarity; the
-    score of a Hit is that cosine (higher is better).
+    score of a Hit is that cosine (higher is better). Mode "hybrid" also ranks the passages by
+    BM25 keywords (bm25.py, kept with the index and changed with it) and fuses the two rankings
+    by reciprocal rank (fusion.py; each ranking HYBRID_DEPTH deep); Hit.fused holds the fused
+    score, Hit.score is still the passage's cosine. `retrieve` also gives the best cosine in the whole index (for a relevance
+    floor), whatever the mode.
   * Changes happen inside `with store.writing():`, which takes the directory's write lock
     (retrieval/lock.py: `on_wait` is called when another writer has it, then it waits up to
     `lock_timeout` seconds), first catches up with any commit another process made since this
@@ -40,6 +44,7 @@ import numpy as np
 from langchain_community.vectorstores import FAISS
 
 from retrieval import persist
+from retrieval.bm25 import BM25Index
 from retrieval.errors import (
     EmbedderMismatchError,
     IndexCorruptError,
@@ -47,15 +52,19 @@ from retrieval.errors import (
     RetrievalError,
     UnknownDocumentError,
 )
-from retrieval.faiss_store import from_lc, gpu_available, new_faiss, to_lc
+from retrieval.faiss_store import GpuView, from_lc, gpu_available, new_faiss, to_lc
+from retrieval.fusion import fuse
 from retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
 from retrieval.passages import PassageDraft, TokenCounter
-from retrieval.records import DocumentInfo, Hit, Passage
+from retrieval.records import SEARCH_MODES, DocumentInfo, Hit, Passage, SearchResult
 
-__all__ = ["PassageStore", "PassageEmbedder", "Passage", "Hit", "DocumentInfo",
-           "DEFAULT_LOCK_TIMEOUT", "doc_id_for"]
+__all__ = ["PassageStore", "PassageEmbedder", "Passage", "Hit", "DocumentInfo", "SearchResult",
+           "SEARCH_MODES", "DEFAULT_LOCK_TIMEOUT", "doc_id_for"]
 
 logger = logging.getLogger(__name__)
+
+# How many passages of each ranking take part in the fusion.
+HYBRID_DEPTH = 50
 
 
 def doc_id_for(source: str) -> str:
@@ -85,7 +94,7 @@ class PassageStore:
         self.index_dir = index_dir
         self.embedder = embedder
         self.lock_timeout = lock_timeout
-        self._use_gpu = gpu_available() if use_gpu is None else use_gpu
+        self._gpu = GpuView(gpu_available() if use_gpu is None else use_gpu)
         self._writer: int | None = None  # the thread inside writing(), if any
         self._mutex = threading.RLock()  # in-process: reads vs. a commit being applied
         self._dirty = False
@@ -115,13 +124,15 @@ class PassageStore:
 
     def _load(self) -> None:
         snapshot = persist.read_snapshot(self.index_dir)
-        self._gpu_view = None
+        self._gpu.reset()
         self._dirty = False
         if snapshot is None:
             self._commit = None
             self._model_name = getattr(self.embedder, "name", None)
             self._documents: dict[str, DocumentInfo] = {}
             self._lc: FAISS | None = None
+            self._keywords = BM25Index()
+            self._rows: dict[str, int] | None = None
             return
         name = getattr(self.embedder, "name", None)
         if name is not None and name != snapshot.embedder:
@@ -153,6 +164,9 @@ class PassageStore:
         self._lc = new_faiss(snapshot.index, self.embedder)
         self._lc.docstore.add({doc.id: doc for doc in lc_docs})
         self._lc.index_to_docstore_id.update({i: doc.id for i, doc in enumerate(lc_docs)})
+        self._keywords = BM25Index.restore(
+            snapshot.keywords, [(p["id"], p["text"]) for p in snapshot.passages])
+        self._rows = None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -195,48 +209,58 @@ class PassageStore:
             out = [from_lc(self._lc.docstore.search(pid)) for pid in ids]
         return [p for p in out if doc_id is None or p.doc_id == doc_id]
 
-    def search(self, query: str, k: int = 4) -> list[Hit]:
-        """The k passages most similar to `query`, best first."""
+    def search(self, query: str, k: int = 4, mode: str = "dense") -> list[Hit]:
+        """The k passages that best match `query`, best first (see `retrieve`)."""
+        return self.retrieve(query, k, mode).hits
+
+    def retrieve(self, query: str, k: int = 4, mode: str = "dense") -> SearchResult:
+        """The k best passages for `query` by `mode` ("dense": cosine similarity; "hybrid":
+        cosine and BM25 rankings fused), and the best cosine of any passage."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        if mode not in SEARCH_MODES:
+            raise ValueError(f"search mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
         if self.embedder is None:
             raise RuntimeError("this PassageStore was opened without an embedder; pass one to search")
         if self.passage_count() == 0:
-            return []
+            return SearchResult(hits=[], best_score=None, mode=mode)
         vector = np.asarray(self.embedder.embed_array([query])[0], dtype=np.float32)
         with self._mutex:  # a commit replaces the index and docstore: search one or the other
             count = self.passage_count()
             if count == 0:
-                return []
+                return SearchResult(hits=[], best_score=None, mode=mode)
             if vector.shape[0] != self._lc.index.d:
                 raise EmbedderMismatchError(
                     f"The embedder makes vectors of size {vector.shape[0]} but the index holds "
                     f"size {self._lc.index.d}. {persist.rebuild_hint(self.index_dir)}"
                 )
-            view = self._search_view()
-            results = view.similarity_search_with_score_by_vector(vector, k=min(k, count))
-        return [Hit(score=float(score), passage=from_lc(doc)) for doc, score in results]
+            depth = max(k, HYBRID_DEPTH) if mode == "hybrid" else k
+            view = self._gpu.view(self._lc, self.embedder)
+            dense = view.similarity_search_with_score_by_vector(vector, k=min(depth, count))
+            if mode == "hybrid":
+                hits = self._fuse(query, vector, dense, k)
+            else:
+                hits = [Hit(score=float(score), passage=from_lc(doc)) for doc, score in dense]
+        return SearchResult(hits=hits, best_score=float(dense[0][1]), mode=mode)
 
-    def _search_view(self) -> FAISS:
-        if not self._use_gpu:
-            return self._lc
-        if self._gpu_view is None:
-            # A GPU copy for searching only: writes go to the CPU index (GPU flat indexes cannot
-            # remove rows, and the saved form must be the CPU one). Rebuilt after each change.
-            try:
-                self._gpu_resources = (
-                    getattr(self, "_gpu_resources", None) or faiss.StandardGpuResources()
-                )
-                gpu_index = faiss.index_cpu_to_gpu(self._gpu_resources, 0, self._lc.index)
-            except RuntimeError as exc:  # out of GPU memory, driver trouble: CPU still works
-                logger.warning("FAISS GPU copy failed (%s); searching on the CPU instead", exc)
-                self._use_gpu = False
-                return self._lc
-            view = new_faiss(gpu_index, self.embedder)
-            view.docstore = self._lc.docstore
-            view.index_to_docstore_id = self._lc.index_to_docstore_id
-            self._gpu_view = view
-        return self._gpu_view
+    def _fuse(self, query: str, vector: np.ndarray, dense: list, k: int) -> list[Hit]:
+        """Reciprocal-rank fusion of the dense results with the BM25 ranking (caller holds
+        the mutex)."""
+        cosine = {doc.id: float(score) for doc, score in dense}
+        keywords = [pid for pid, _ in self._keywords.top(query, HYBRID_DEPTH)]
+        hits = []
+        for pid, fused in fuse([list(cosine), keywords], k):
+            score = cosine.get(pid)
+            if score is None:  # found by keywords only: its cosine from the stored vector
+                score = float(self._lc.index.reconstruct(self._row_of(pid)) @ vector)
+            hits.append(Hit(score=score, passage=from_lc(self._lc.docstore.search(pid)),
+                            fused=fused))
+        return hits
+
+    def _row_of(self, pid: str) -> int:
+        if self._rows is None:
+            self._rows = {doc_id: row for row, doc_id in self._lc.index_to_docstore_id.items()}
+        return self._rows[pid]
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -284,7 +308,9 @@ class PassageStore:
         self._commit = "unknown"
         self._documents = {}
         self._lc = None
-        self._gpu_view = None
+        self._keywords = BM25Index()
+        self._rows = None
+        self._gpu.reset()
         self._dirty = False
 
     def _save(self) -> None:
@@ -298,9 +324,11 @@ class PassageStore:
             for p in self.passages()
         ]
         index = self._lc.index if self._lc is not None else faiss.IndexFlatIP(self._dim_or_zero())
+        keywords = self._keywords.to_bytes([p["id"] for p in passages])
         try:
             self._commit = persist.write_snapshot(
-                self.index_dir, self._model_name or "", index.d, documents, passages, index
+                self.index_dir, self._model_name or "", index.d, documents, passages, index,
+                keywords,
             )
         except OSError as exc:
             raise IndexNotWritableError(
@@ -350,6 +378,8 @@ class PassageStore:
             metadatas=[to_lc(p).metadata for p in passages],
             ids=[p.id for p in passages],
         )
+        for p in passages:
+            self._keywords.add(p.id, p.text)
         info = DocumentInfo(
             doc_id=doc_id, source=source, sha256=sha256, passages=len(passages),
             size_bytes=size_bytes,
@@ -385,12 +415,15 @@ class PassageStore:
         ids = [p.id for p in self.passages(doc_id)]
         if ids:
             self._lc.delete(ids)
+        for pid in ids:
+            self._keywords.remove(pid)
         del self._documents[doc_id]
         self._changed()
 
     def _changed(self) -> None:
         self._dirty = True
-        self._gpu_view = None
+        self._gpu.reset()
+        self._rows = None
 
 
 def _fields(p: dict) -> dict:

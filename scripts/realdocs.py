@@ -195,18 +195,18 @@ def whitespace_pattern(snippet: str) -> re.Pattern:
     return re.compile(r"\s+".join(re.escape(word) for word in snippet.split()))
 
 
-def loaded_texts(corpus: Path, sources: list[Source]) -> dict[str, str]:
+def loaded_texts(corpus: Path, files: list[str]) -> dict[str, str]:
     """The text ragspec's loader makes of each corpus file (what passages are cut from)."""
     from retrieval.loaders import load_file
 
-    return {s.file: "\n\n".join(d.page_content for d in load_file(corpus / s.file))
-            for s in sources}
+    return {name: "\n\n".join(d.page_content for d in load_file(corpus / name))
+            for name in files}
 
 
 def check_snippets(name: str, corpus: Path) -> list[str]:
     """Problems with the set's questions against the built corpus; empty when all is well."""
     _, sources = read_set(name)
-    texts = loaded_texts(corpus, sources)
+    texts = loaded_texts(corpus, [s.file for s in sources])
     problems = []
     for q in read_questions(name):
         if q.get("unanswerable"):
@@ -244,7 +244,7 @@ def measure_recall(name: str, corpus: Path, k: int, index: Path | None = None) -
     from retrieval.ingest import ingest_paths
 
     _, sources = read_set(name)
-    texts = loaded_texts(corpus, sources)
+    texts = loaded_texts(corpus, [s.file for s in sources])
     with tempfile.TemporaryDirectory(prefix="realdocs-index-") as scratch:
         store = open_store(index or scratch)
         report = ingest_paths([corpus], store)
@@ -260,11 +260,24 @@ def measure_recall(name: str, corpus: Path, k: int, index: Path | None = None) -
 def rank_question(store, q: dict, texts: dict[str, str], corpus: Path, k: int) -> dict:
     """One question's search: where its snippets rank (0: not in the top k), the files
     retrieved and the best score (for unanswerable questions only the latter two)."""
-    hits = store.search(q["question"], k=k)
-    row = {"id": q["id"], "kind": "unanswerable" if q.get("unanswerable") else q["kind"],
+    return rank_hits(q, store.search(q["question"], k=k), texts, corpus)
+
+
+def question_kind(q: dict) -> str:
+    """copy / open; "unanswerable" (the documents lack the answer); "task" for a request with
+    no answer snippet that is not marked unanswerable (write a poem, suggest names)."""
+    if q.get("unanswerable"):
+        return "unanswerable"
+    return (q.get("kind") or "copy") if snippets(q) else "task"
+
+
+def rank_hits(q: dict, hits, texts: dict[str, str], corpus: Path) -> dict:
+    """rank_question for hits already retrieved (best first)."""
+    kind = question_kind(q)
+    row = {"id": q["id"], "kind": kind,
            "top_score": round(hits[0].score, 4) if hits else None,
            "retrieved": [Path(h.passage.source).name for h in hits]}
-    if q.get("unanswerable"):
+    if kind in ("unanswerable", "task"):
         return row
     path = str((corpus / q["source"]).resolve())
     ranks = []
@@ -284,7 +297,7 @@ def summarise(rows: list[dict], k: int) -> dict:
     """Per kind: how many, the median best score, and recall@1/@k by both rules."""
     answerable = [r for r in rows if "contains" in r]
     groups = {kind: [r for r in rows if r["kind"] == kind] for kind in ("copy", "open")}
-    groups |= {"all": answerable, "unanswerable": [r for r in rows if "contains" not in r]}
+    groups |= {"all": answerable, "unanswerable": [r for r in rows if r["kind"] == "unanswerable"]}
     out = {}
     for kind, chosen in groups.items():
         if not chosen:

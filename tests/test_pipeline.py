@@ -9,14 +9,16 @@ from types import SimpleNamespace
 import pytest
 
 from app.pipeline import (
+    DEFAULT_SEARCH,
     NoDocumentsError,
     Pipeline,
     PipelineConfig,
     is_followup,
     standalone_question,
 )
+from app.retrieving import NOT_IN_DOCUMENTS
 from decoding.types import GenerationConfig
-from retrieval.store import Hit, Passage
+from retrieval.store import Hit, Passage, SearchResult
 
 PASSAGES = [
     Passage(id="a-1", doc_id="a", source="/docs/ops guide.md", page=None, start=0,
@@ -31,16 +33,22 @@ PASSAGES = [
 
 
 class FakeStore:
-    def __init__(self, passages=PASSAGES):
+    """Hits with scores best - 0.1 * rank, in the given order; records queries and modes."""
+
+    def __init__(self, passages=PASSAGES, best=1.0):
         self.passages = list(passages)
+        self.best = best
         self.queries: list[str] = []
+        self.modes: list[str] = []
 
     def passage_count(self):
         return len(self.passages)
 
-    def search(self, query, k=4):
+    def retrieve(self, query, k=4, mode="dense"):
         self.queries.append(query)
-        return [Hit(score=1.0 - i / 10, passage=p) for i, p in enumerate(self.passages[:k])]
+        self.modes.append(mode)
+        hits = [Hit(score=self.best - i / 10, passage=p) for i, p in enumerate(self.passages[:k])]
+        return SearchResult(hits=hits, best_score=self.best if hits else None, mode=mode)
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +239,7 @@ def test_ask_returns_answer_with_passages_in_the_json_shape(tiny_model, tiny_tok
     p = Pipeline(FakeStore(ascii_passages), gen, PipelineConfig(k=1, max_new_tokens=12))
     answer = p.ask("Port?", gen_config=GenerationConfig(max_new_tokens=12))
     out = answer.to_dict()
-    assert set(out) == {"answer", "passages"}
+    assert set(out) == {"answer", "passages", "refused"} and out["refused"] is False
     assert {"text", "prompt_token_ids", "token_ids", "spans", "stats"} <= set(out["answer"])
     assert out["passages"][0]["n"] == 1 and out["passages"][0]["source"] == "/d/x.txt"
     assert {"id", "doc_id", "page", "start", "score", "text", "copied"} <= set(out["passages"][0])
@@ -255,3 +263,67 @@ def test_accepted_drafts_carry_passage_and_the_characters_they_copied(bundled):
         # the span may run on past the passage's end into the prompt text after it
         assert copied.strip(), span
         assert span.text.strip().startswith(copied.strip()), (span.text, copied)
+
+
+# -- the relevance floor ------------------------------------------------------------------------
+
+
+class RefusingGenerator:
+    """A generator double for refusals: it has a tokenizer, but using it to generate fails."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.context_length = 8192
+
+    def stream(self, *args, **kwargs):
+        raise AssertionError("the model was called although the floor refused the question")
+
+
+@pytest.mark.parametrize("best, min_score, refused", [
+    (0.39, 0.4, True), (0.41, 0.4, False), (0.05, 0.0, False), (-0.2, 0.0, False),
+])
+def test_floor_refuses_below_and_answers_above(tiny_tokenizer, tiny_model, best, min_score,
+                                               refused):
+    from decoding.engine import Generator
+
+    store = FakeStore(PASSAGES[:2], best=best)
+    real = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[-1])
+    gen = RefusingGenerator(tiny_tokenizer) if refused else real
+    p = Pipeline(store, gen, PipelineConfig(k=2, max_new_tokens=4, min_score=min_score))
+    answer = p.ask("Which port?", gen_config=GenerationConfig(max_new_tokens=4))
+    assert answer.refused is refused
+    if refused:
+        assert answer.result is None and answer.passages == PASSAGES[:2]
+        out = answer.to_dict()
+        assert out["refused"] is True and out["answer"] is None
+        assert [d["id"] for d in out["passages"]] == ["a-1", "b-1"]
+        assert out["passages"][0]["score"] == pytest.approx(best)
+    else:
+        assert answer.result.stats.new_tokens == 4 and answer.to_dict()["refused"] is False
+
+
+def test_retrieval_uses_the_configured_search_mode_and_reports_the_floor(tiny_tokenizer):
+    store = FakeStore(best=0.3)
+    p = Pipeline(store, stub_generator(tiny_tokenizer), PipelineConfig(search="dense",
+                                                                       min_score=0.5))
+    retrieval = p.retrieve("Which port serves metrics?")
+    assert store.modes == ["dense"] and retrieval.refused and retrieval.best_score == 0.3
+    # A hybrid refusal shows the most similar passages: a second, dense search.
+    hybrid = Pipeline(store, stub_generator(tiny_tokenizer),
+                      PipelineConfig(search="hybrid", min_score=0.5)).retrieve("Which port?")
+    assert store.modes[1:] == ["hybrid", "dense"] and hybrid.refused
+    store.modes.clear()
+    assert retrieval.to_dict() == {"refused": True, "message": NOT_IN_DOCUMENTS,
+                                   "best_score": 0.3, "min_score": 0.5}
+    Pipeline(store, stub_generator(tiny_tokenizer), PipelineConfig()).retrieve("Which port?")
+    assert store.modes[0] == DEFAULT_SEARCH
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"search": "keywords"}, "search must be one of dense, hybrid"),
+    ({"min_score": 1.5}, "min_score .* must be between 0 and 1"),
+    ({"min_score": -0.1}, "min_score .* must be between 0 and 1"),
+])
+def test_config_rejects_unknown_search_modes_and_floors_out_of_range(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PipelineConfig(**kwargs)

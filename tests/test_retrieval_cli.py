@@ -92,7 +92,7 @@ def test_search_json_has_score_text_source_page_and_start(home):
     result = run("search", "error", "E207", "low", "disk", "space", "-k", "3", "--json")
     hits = json.loads(result.stdout)
     assert len(hits) == 3
-    assert all(set(h) == {"score", "text", "source", "page", "start"} for h in hits)
+    assert all(set(h) == {"score", "fused", "text", "source", "page", "start"} for h in hits)
     assert hits[0]["source"].endswith("operations-guide.pdf") and hits[0]["page"] == 2
     assert "E207" in hits[0]["text"]
     plain = run("search", "E207 low disk space").stdout

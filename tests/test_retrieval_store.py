@@ -80,7 +80,9 @@ def test_reopened_store_has_same_passages_and_search_results(index, embedder):
 
 def test_index_is_stored_as_faiss_plus_json_lines_and_never_pickled(index):
     names = {p.name for p in index.iterdir()}
-    assert names == {"index.faiss", "passages.jsonl", persist.LOCK_NAME}
+    assert names == {"index.faiss", "passages.jsonl", "keywords.npz", persist.LOCK_NAME}
+    with np.load(index / "keywords.npz", allow_pickle=False) as keywords:
+        assert sorted(keywords.files) == ["counts", "offsets", "term_ids", "vocabulary"]
     lines = (index / "passages.jsonl").read_text(encoding="utf-8").splitlines()
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
     assert header["format"] == "ragspec-passages" and header["passages"] == sum(
@@ -266,11 +268,27 @@ def test_crash_before_the_renames_keeps_the_old_index(index, embedder, docs, mon
     assert {k: v for k, v in _files(index).items() if not k.endswith(".new")} == before
     # The next writer clears the leftovers and works normally.
     ingest_paths([docs / "gamma.txt"], PassageStore.open(index, embedder))
-    assert sorted(_files(index)) == ["index.faiss", "passages.jsonl"]
+    assert sorted(_files(index)) == ["index.faiss", "keywords.npz", "passages.jsonl"]
+
+
+def test_crash_after_the_keywords_rename_keeps_the_old_index_and_its_keyword_search(
+        index, embedder, docs, monkeypatch):
+    query = "9100"
+    before = PassageStore.open(index, embedder).search(query, k=5, mode="hybrid")
+    _crash_on_replace(monkeypatch, call_number=2)  # keywords.npz is new, the rest is old
+    # Same lengths, so the same number of passages: only the checksum tells the files apart.
+    beta = docs / "beta.md"
+    beta.write_text(beta.read_text().replace("7432", "9100"))
+    with pytest.raises(KeyboardInterrupt):
+        ingest_paths([beta], PassageStore.open(index, embedder))
+    monkeypatch.undo()
+    reader = PassageStore.open(index, embedder)
+    assert _sources(reader) == ["alpha.txt", "beta.md"]
+    assert reader.search(query, k=5, mode="hybrid") == before  # the stale keywords not used
 
 
 def test_crash_between_the_renames_rolls_forward_to_the_new_index(index, embedder, docs, monkeypatch):
-    _crash_on_replace(monkeypatch, call_number=2)
+    _crash_on_replace(monkeypatch, call_number=3)
     (docs / "gamma.txt").write_text("Gamma: heartbeat_interval defaults to 10s.")
     with pytest.raises(KeyboardInterrupt):
         ingest_paths([docs / "gamma.txt"], PassageStore.open(index, embedder))
@@ -280,7 +298,7 @@ def test_crash_between_the_renames_rolls_forward_to_the_new_index(index, embedde
     assert _sources(reader) == ["alpha.txt", "beta.md", "gamma.txt"]
     (docs / "delta.txt").write_text("Delta.")
     ingest_paths([docs], PassageStore.open(index, embedder))  # a writer completes the rename
-    assert sorted(_files(index)) == ["index.faiss", "passages.jsonl"]
+    assert sorted(_files(index)) == ["index.faiss", "keywords.npz", "passages.jsonl"]
     assert _sources(PassageStore.open(index, embedder)) == [
         "alpha.txt", "beta.md", "delta.txt", "gamma.txt"
     ]

@@ -75,10 +75,16 @@ def tiny_page(tmp_path: Path, monkeypatch):
     return at
 
 
-def new_session(timeout: float = 120):
+def new_session(timeout: float = 120, min_score: float = 0.0):
+    """A fresh browser session of the page. min_score: its relevance floor. The default floor
+    is calibrated on the bundled embedder; HashEmbedder's cosines are on another scale, so
+    these sessions turn it off unless a test is about the floor."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(APP, default_timeout=timeout)
+    at.run()
+    assert not at.exception, at.exception
+    at.slider(key="min_score").set_value(min_score)
     at.run()
     assert not at.exception, at.exception
     return at

@@ -13,9 +13,11 @@ from app.commands.common import (
     draft_options,
     generator_from_options,
     index_option,
+    min_score_option,
     model_options,
     open_store,
     sampling_options,
+    search_mode_option,
 )
 from app.terminal import printable, render_spans, stats_line
 from retrieval.errors import RetrievalError
@@ -29,18 +31,24 @@ from retrieval.errors import RetrievalError
               help="Longest answer, in tokens.")
 @click.option("--compare", is_flag=True,
               help="Also answer with speculation off first, and print both speeds.")
+@search_mode_option
+@min_score_option
 @index_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @sampling_options
 @draft_options
 @model_options
-def ask(question, k, max_new_tokens, compare, index, as_json, temperature, top_p, top_k, seed,
-        no_spec, no_adaptive, max_ngram, max_draft, model_spec, device, exact):
+def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_json,
+        temperature, top_p, top_k, seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec,
+        device, exact):
     """Answer QUESTION from your indexed documents.
 
     The top-k passages go into the prompt, numbered; the answer streams with the spans that were
-    copied from them (accepted drafts) highlighted, followed by the passages used.
-    --json prints {"answer": {...as generate --json...}, "passages": [...], "baseline": {...}|null}.
+    copied from them (accepted drafts) highlighted, followed by the passages used. When no
+    passage reaches --min-score, no answer is generated (the model is not even loaded): ask says
+    that the documents do not appear to hold the answer and shows the closest passages.
+    --json prints {"answer": {...as generate --json...}|null, "passages": [...],
+    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}.
 
     \b
     Example:
@@ -53,13 +61,23 @@ def ask(question, k, max_new_tokens, compare, index, as_json, temperature, top_p
     config = build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
                           max_ngram, max_draft)
     store = open_store(index, require_documents=True)
+    from app.retrieving import retrieve
+
+    try:
+        retrieval = retrieve(store, question, k=k, search=search_mode, min_score=min_score)
+    except (RetrievalError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if retrieval.refused:
+        _print_refusal(retrieval, as_json)
+        return
     loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
 
     from app.pipeline import Pipeline, PipelineConfig
 
-    pipeline = Pipeline(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens))
+    pipeline = Pipeline(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens,
+                                                   search=search_mode, min_score=min_score))
     try:
-        prepared = pipeline.prepare(question)
+        prepared = pipeline.prepare_retrieved(retrieval)
         streams = []
         if compare:
             off = replace(config, draft=replace(config.draft, enabled=False))
@@ -68,12 +86,39 @@ def ask(question, k, max_new_tokens, compare, index, as_json, temperature, top_p
     except (RetrievalError, ValueError) as exc:  # a missing embedder, a question too long...
         raise click.ClickException(str(exc)) from exc
     if as_json:
-        _print_json(question, prepared, streams, loaded.name)
+        _print_json(question, prepared, streams, loaded.name, retrieval)
     else:
         _print_text(prepared, streams, config.sampling.greedy)
 
 
-def _print_json(question, prepared, streams, model_name: str) -> None:
+def _print_refusal(retrieval, as_json: bool) -> None:
+    """The "not in your documents" reply: the message and the closest passages."""
+    from app.retrieving import hits_to_dicts
+
+    passages = hits_to_dicts(retrieval.hits)
+    if as_json:
+        click.echo(json.dumps({
+            "answer": None, "passages": passages, "baseline": None,
+            "question": retrieval.question, "standalone_question": retrieval.standalone_question,
+            "model": None, **retrieval.to_dict(),
+        }))
+        return
+    from rich.console import Console
+    from rich.markup import escape
+
+    from app.render import passage_label
+
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"[bold]{escape(retrieval.to_dict()['message'])}[/]")
+    console.print(f"[dim]best similarity {retrieval.best_score:.2f}, below the floor "
+                  f"{retrieval.min_score:.2f} (--min-score; 0 turns it off)[/]")
+    for i, (hit, p) in enumerate(zip(retrieval.hits, passages, strict=True)):
+        label = printable(passage_label(i, hit.passage))
+        console.print(f" {escape(label)} (char {p['start']}) score {p['score']:.2f}")
+        console.print(f"   {escape(printable(' '.join(hit.passage.text.split())[:300]))}")
+
+
+def _print_json(question, prepared, streams, model_name: str, retrieval) -> None:
     from app.pipeline import passages_to_dicts
     from app.render import seconds_speedup
 
@@ -86,6 +131,7 @@ def _print_json(question, prepared, streams, model_name: str) -> None:
         "question": question,
         "standalone_question": prepared.standalone_question,
         "model": model_name,
+        **retrieval.to_dict(),
     }
     if compare:
         out["speedup"] = seconds_speedup(results[0].stats.seconds, results[1].stats.seconds)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import click
 
 from app import paths
+from app.retrieving import DEFAULT_MIN_SCORE, DEFAULT_SEARCH
 from app.terminal import printable
 
-# Only the (dependency-free) error classes at import time: LangChain, FAISS and torch load when a
-# command runs, so `ragspec --help` stays fast.
+# Only dependency-free modules at import time: LangChain, FAISS and torch load when a command
+# runs, so `ragspec --help` stays fast.
 from retrieval.errors import RetrievalError
+from retrieval.records import SEARCH_MODES
 
 index_option = click.option(
     "--index", "index", metavar="DIR", default=None,
@@ -19,6 +21,18 @@ index_option = click.option(
     help="Index directory (default: $RAGSPEC_HOME/index).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout.")
+search_mode_option = click.option(
+    "--search-mode", "search_mode", type=click.Choice(SEARCH_MODES), default=DEFAULT_SEARCH,
+    show_default=True,
+    help="dense: embedding similarity only; hybrid: fused with BM25 keyword ranking, which "
+         "finds exact names, codes and numbers.",
+)
+min_score_option = click.option(
+    "--min-score", type=click.FloatRange(0, 1), default=DEFAULT_MIN_SCORE, show_default=True,
+    help="Relevance floor: when no passage reaches this cosine similarity, say that the "
+         "documents do not appear to hold the answer and show the closest passages instead of "
+         "generating (0 = off).",
+)
 
 
 def model_options(f):

@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 import click
 
-from app.commands.common import index_option, json_option, open_store
+from app.commands.common import index_option, json_option, open_store, search_mode_option
 from app.terminal import printable
 from retrieval.errors import RetrievalError, UnknownDocumentError
 from retrieval.limits import size_text
@@ -203,18 +203,24 @@ def remove(docs: tuple[str, ...], index: str | None, as_json: bool) -> None:
 @click.argument("query", nargs=-1, required=True)
 @click.option("-k", "k", type=click.IntRange(min=1), default=4, show_default=True,
               help="How many passages to return.")
+@search_mode_option
 @index_option
 @json_option
-def search(query: tuple[str, ...], k: int, index: str | None, as_json: bool) -> None:
-    """Show the passages most similar to QUERY, with score, source, page and offset."""
+def search(query: tuple[str, ...], k: int, search_mode: str, index: str | None,
+           as_json: bool) -> None:
+    """Show the passages that best match QUERY, with score (cosine similarity), source, page
+    and offset. --json adds "fused" in hybrid mode: the reciprocal-rank fusion score the
+    passages are ordered by."""
     store = open_store(index)
     try:
-        hits = store.search(" ".join(query), k=k)
+        hits = store.search(" ".join(query), k=k, mode=search_mode)
     except RetrievalError as exc:
         raise click.ClickException(printable(str(exc))) from exc
     if as_json:
         click.echo(json.dumps([
-            {"score": round(h.score, 6), "text": h.passage.text, "source": h.passage.source,
+            {"score": round(h.score, 6),
+             "fused": round(h.fused, 6) if h.fused is not None else None,
+             "text": h.passage.text, "source": h.passage.source,
              "page": h.passage.page, "start": h.passage.start}
             for h in hits
         ], ensure_ascii=False, indent=2))

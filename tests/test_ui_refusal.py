@@ -1,0 +1,91 @@
+"""The chat's "not in your documents" reply (AppTest, fast: HashEmbedder, tiny model folder).
+
+A question unrelated to the uploaded document, below the relevance floor, is answered with the
+message and the closest passages, and the model is neither loaded nor called; a related question
+above the floor is answered by the model as usual. The reply survives a reload of the chat."""
+
+from __future__ import annotations
+
+import pytest
+from ui_support import element_strings, new_session, saved_chat, settle, tiny_page
+
+from app import ui_models
+from app.retrieving import NOT_IN_DOCUMENTS
+
+# HashEmbedder cosines with the uploaded METRICS_DOC passage: the unrelated question 0.19, the
+# related one 0.67 (HashEmbedder's scale, not the bundled embedder's: the floor is set here).
+UNRELATED = "What is the capital of Australia?"
+RELATED = "On which port does the metrics endpoint listen?"
+FLOOR = 0.4
+
+
+@pytest.fixture
+def model_calls(monkeypatch):
+    """Every request for a generator the page makes, by model name; the request itself works."""
+    calls: list[str] = []
+    real = ui_models.ModelRegistry.get
+
+    def get(self, name):
+        calls.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(ui_models.ModelRegistry, "get", get)
+    return calls
+
+
+def _ask(at, question: str) -> dict:
+    at.chat_input[0].set_value(question).run()
+    settle(at)
+    return saved_chat(at)["messages"][-1]
+
+
+def _page_text(at) -> str:
+    return "\n".join(text for _, text in element_strings(at))
+
+
+def test_an_unrelated_question_gets_not_in_your_documents_and_no_model_call(
+        tmp_path, monkeypatch, model_calls):
+    at = tiny_page(tmp_path, monkeypatch)
+    at.slider(key="min_score").set_value(FLOOR).run()
+    at.number_input(key="max_new_tokens").set_value(8).run()
+
+    refused = _ask(at, UNRELATED)
+    assert refused["refused"] is True and refused["status"] == "done"
+    assert refused["content"] == NOT_IN_DOCUMENTS and refused["runs"] == []
+    assert refused["passages"] and "port 7432" in refused["passages"][0]["text"]
+    assert refused["passages"][0]["score"] < FLOOR
+    assert model_calls == []  # the model was not even loaded
+    shown = _page_text(at)
+    assert "do not appear to contain the answer" in shown and "port 7432" in shown
+
+    answered = _ask(at, RELATED)
+    assert answered["refused"] is False and answered["status"] == "done"
+    assert answered["runs"] and answered["runs"][0]["stats"]["new_tokens"] == 8
+    assert model_calls == ["tiny"]
+
+    # A reload (a new session opening this chat) shows the same reply, read from disk.
+    again = new_session(min_score=FLOOR)
+    again.query_params["chat"] = at.query_params["chat"]
+    again.run()
+    assert "do not appear to contain the answer" in _page_text(again)
+
+
+def test_floor_zero_answers_even_an_unrelated_question(tmp_path, monkeypatch, model_calls):
+    at = tiny_page(tmp_path, monkeypatch)  # fast sessions start with the floor off
+    at.number_input(key="max_new_tokens").set_value(8).run()
+    answered = _ask(at, UNRELATED)
+    assert answered["refused"] is False and answered["runs"] and model_calls == ["tiny"]
+
+
+def test_the_markdown_export_says_not_in_your_documents_and_cites_the_closest_passages():
+    from app.chat_export import chat_markdown
+
+    passage = {"id": "p", "doc_id": "d", "source": "/srv/docs/metrics.md", "page": None,
+               "start": 0, "text": "The port is 7432.", "score": 0.12}
+    chat = {"id": "0123456789ab", "title": "t", "created_at": "now", "messages": [
+        {"role": "user", "content": UNRELATED},
+        {"role": "assistant", "content": NOT_IN_DOCUMENTS, "status": "done", "runs": [],
+         "passages": [passage], "refused": True}]}
+    text = chat_markdown(chat)
+    assert f"*{NOT_IN_DOCUMENTS}*" in text
+    assert "[1] metrics.md" in text and "> The port is 7432." in text
