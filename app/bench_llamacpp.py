@@ -47,8 +47,12 @@ class LlamaCppAnchors:
                       n_threads_batch=threads, verbose=False)
         llms = {
             "llamacpp": Llama(**common),
-            "llamacpp_pld": Llama(**common, draft_model=LlamaPromptLookupDecoding(
-                num_pred_tokens=pld_tokens)),
+            # The drafter needs the logits of every position; asked for at construction, the
+            # logits buffer gets one row per context position (else one per batch, and a
+            # generation past n_batch tokens fails).
+            "llamacpp_pld": Llama(**common, logits_all=True,
+                                  draft_model=LlamaPromptLookupDecoding(
+                                      num_pred_tokens=pld_tokens)),
         }
         return cls(llms, Path(gguf), threads)
 

@@ -94,14 +94,19 @@ def pick_dtype(device: torch.device, exact: bool) -> torch.dtype:
     return torch.float32
 
 
+INT4_ENV = "RAGSPEC_INT4"
+
+
 def wants_int4(device: torch.device, dtype: torch.dtype, exact: bool) -> bool:
-    """The default for 4-bit decode weights: on a CPU in fp32 unless `exact`. Decoding there
-    streams every weight per step, and the 4-bit copy is a quarter of the bytes (see
-    decoding.quant and the README's speed section for the measurement); exact keeps the fp32
-    weights everywhere, matching transformers on the same fp32 model."""
+    """4-bit decode weights when RAGSPEC_INT4=1, on a CPU in fp32, unless `exact`. Off by
+    default: measured on real documents (README, "4-bit weights"), they make plain decoding
+    ~1.3x faster but not decoding with speculation, a verify forward then rounds differently
+    from one-token steps (greedy output can change with speculation on), and the 4-bit LM head
+    changes the answers of a model whose GGUF keeps it in 8 bits."""
     from decoding.quant import supported
 
-    return device.type == "cpu" and dtype == torch.float32 and not exact and supported()
+    return (os.environ.get(INT4_ENV, "") == "1" and device.type == "cpu"
+            and dtype == torch.float32 and not exact and supported())
 
 
 def bundled_gguf_path() -> Path:
@@ -225,7 +230,7 @@ def load_model(
     on 4-bit copies of the linears (None: the default, see `wants_int4`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from decoding.attention import NAME, install, row_exact
+    from decoding.attention import install
     from decoding.cache import rollback_problem, takes_cache
 
     start = time.perf_counter()
@@ -250,13 +255,11 @@ def load_model(
                                 f"forward; ragspec cannot generate with it step by step")
     model.to(dev).eval()
     attention = install(model)
-    quantized = (wants_int4(dev, dtype, exact) and attention == NAME) if int4 is None else int4
+    quantized = wants_int4(dev, dtype, exact) if int4 is None else int4
     if quantized:
-        from decoding.quant import int4_token_limit, quantize_linears
+        from decoding.quant import quantize_linears
 
         quantize_linears(model)
-        # 4-bit linears round their input: keep every verify row exact
-        row_exact(model, int4_token_limit(model) or 0)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -8,7 +8,10 @@ tokens (a decode or verify step, up to `max_int4_tokens`) runs the 4-bit kernel 
 activations; a long one (a RAG prompt's prefill) runs the fp32 weight, where the matmul is compute-bound
 and the fp32 kernel is the faster one. The rule depends only on the input's shape, so every
 caller of the same model object — ragspec's engine and transformers' `model.generate` alike —
-computes the same function: greedy identity is checked against that object.
+runs the same layers. It is not exact, though: the kernel takes bf16 activations, and the
+last-bit differences between a k-token attention and k one-token ones (harmless in fp32) can
+flip a bf16 rounding, so greedy output with speculation can differ from without it. Opt-in
+(decoding.model.wants_int4); the README has the measurements.
 
 Quantisation is asymmetric min/max per group: q = round((w - min) / scale), scale = (max -
 min) / 15. A model de-quantised from a Q4_1 GGUF (4-bit values, one fp16 scale d and minimum m

@@ -9,7 +9,7 @@ question's prompt with the real pipeline, then runs greedy and ragspec on both, 
 question in a rotated order. Prints the median end-to-end tokens/s of each, the per-question
 ratio 4-bit / fp32 (median and minimum), whether speculation kept each variant's greedy output,
 and how far 4-bit greedy output agrees with fp32 greedy output (the 4-bit weights are another
-model: an answer may differ from the fp32 one after some tokens, never from its own greedy).
+model: an answer may differ from the fp32 one after some tokens).
 This is the measurement behind the CPU default (decoding.model.wants_int4).
 """
 
@@ -115,7 +115,7 @@ def main(corpus: str, questions_file: str, limit: int | None, max_new_tokens: in
         click.echo(f"median tok/s ({label}): {cells}")
     for m, r in s["int4_over_fp32"].items():
         click.echo(f"int4/fp32 {m}: median {r['median']:.2f}x, min {r['min']:.2f}x")
-    click.echo(f"ragspec/greedy minimum per question: "
+    click.echo("ragspec/greedy minimum per question: "
                + ", ".join(f"{v} {x:.2f}x" for v, x in s["speculation_over_greedy_min"].items()))
     click.echo(f"speculation kept greedy output: {s['identical']} of {s['questions']}")
     click.echo(f"int4 greedy == fp32 greedy on {s['same_answer_int4_fp32']} of {s['questions']}; "

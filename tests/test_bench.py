@@ -201,7 +201,7 @@ def test_method_order_runs_greedy_first_and_rotates_the_rest():
 def test_questions_file_missing_kind_means_copy(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text('{"id": "a", "question": "Why?"}\n\n{"question": "How?", "kind": "open"}\n'
-                    '{"id": "n", "question": "Who?", "kind": "unanswerable"}\n')
+                    '{"id": "n", "question": "Who?", "kind": "open", "unanswerable": true}\n')
     qs = core.load_questions(path)
     assert [(q.id, q.kind) for q in qs] == [("a", "copy"), ("3", "open")]  # no "n": nothing to copy
     assert len(core.load_questions(path, limit=1)) == 1

@@ -5,27 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
-
-from app.cli import main
+from conftest import save_model_folder
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, tiny_model, tiny_tokenizer):
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_model.save_pretrained(path)
-    tiny_tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture
-def run(tmp_path, monkeypatch):
-    monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
-
-    def invoke(*args):
-        return CliRunner().invoke(main, list(args))
-
-    return invoke
+    return save_model_folder(tiny_model, tiny_tokenizer, tmp_path_factory.mktemp("tiny-model"))
 
 
 def test_json_output_has_the_documented_shape(run, tiny_model_dir):

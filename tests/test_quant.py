@@ -104,38 +104,16 @@ def test_a_draft_too_long_for_the_int4_side_is_refused(tiny_tokenizer):
     gen.stream([5, 6, 7], GenerationConfig(draft=DraftConfig(max_draft=7)))  # fits
 
 
-def _rows_vs_steps(model, prompt: list[int], block: list[int]) -> float:
-    """Largest logit difference between one forward over `block` and len(block) one-token
-    forwards, both after the same prefill of `prompt`."""
-    import copy
 
-    from transformers import DynamicCache
+def test_4bit_weights_are_opt_in(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
+    from conftest import save_model_folder
 
-    with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        model(torch.tensor([prompt]), past_key_values=cache, use_cache=True)
-        other = copy.deepcopy(cache)
-        steps = [model(torch.tensor([[t]]), past_key_values=cache, use_cache=True).logits[0, -1]
-                 for t in block]
-        rows = model(torch.tensor([block]), past_key_values=other, use_cache=True).logits[0]
-    return max((a - b).abs().max().item() for a, b in zip(steps, rows, strict=True))
+    from decoding.model import INT4_ENV, load_model
 
-
-@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2)], ids=["mha", "gqa"])
-def test_row_exact_attention_makes_a_verify_forward_equal_its_one_token_steps(
-        tiny_tokenizer, heads, kv_heads):
-    from conftest import make_tiny_model
-
-    from decoding.attention import NAME, install, row_exact
-
-    # 112 outputs: the LM head fits the kernel's blocks of 16, so every linear is 4-bit
-    model = make_tiny_model(112, seed=3, max_position_embeddings=1024,
-                            hidden_size=256, intermediate_size=256, num_attention_heads=heads,
-                            num_key_value_heads=kv_heads)
-    model.set_attn_implementation("sdpa")
-    assert install(model) == NAME
-    quant.quantize_linears(model)
-    prompt = [(7 * i) % 90 + 5 for i in range(700)]  # past SDPA's 512-key blocks
-    block = [11, 12, 13, 14, 15, 16, 17, 18, 19]
-    row_exact(model, quant.int4_token_limit(model))
-    assert _rows_vs_steps(model, prompt, block) == 0.0
+    folder = save_model_folder(tiny_model, tiny_tokenizer, tmp_path / "llama")
+    monkeypatch.delenv(INT4_ENV, raising=False)
+    assert not load_model(str(folder), tmp_path / "cache").int4
+    monkeypatch.setenv(INT4_ENV, "1")
+    loaded = load_model(str(folder), tmp_path / "cache")
+    assert loaded.int4 and quant.int4_token_limit(loaded.model) is not None
+    assert not load_model(str(folder), tmp_path / "cache", exact=True).int4

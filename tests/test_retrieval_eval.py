@@ -38,7 +38,9 @@ def test_question_files_still_load_with_the_bench_loader(name):
     from app.bench import load_questions
 
     questions = load_questions(SETS[name] / "questions.jsonl")
-    assert [q.id for q in questions] == [q["id"] for q in _questions(name)]
+    # every question but those marked unanswerable (nothing to generate from for the speed bench)
+    assert [q.id for q in questions] == [q["id"] for q in _questions(name)
+                                         if not q.get("unanswerable")]
 
 
 def _row(kind, score, dense=None, hybrid=None):

@@ -15,8 +15,8 @@ import sys
 import click
 
 from app import bench as core
-from app.bench_llamacpp import LLAMACPP_METHODS
 from app import bench_summary as summary
+from app.bench_llamacpp import LLAMACPP_METHODS
 
 
 def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) -> core.Setup:

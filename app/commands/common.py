@@ -38,8 +38,9 @@ min_score_option = click.option(
 def model_options(f):
     """--model/--device/--exact, shared by the commands that load the generator."""
     f = click.option("--exact", is_flag=True,
-                     help="Keep fp32 on a GPU so greedy output matches model.generate exactly "
-                          "(the CPU always runs fp32).")(f)
+                     help="fp32 weights everywhere: no bf16 on a GPU, no 4-bit decode steps on "
+                          "a CPU even with RAGSPEC_INT4=1 (greedy output then matches "
+                          "model.generate token for token).")(f)
     f = click.option("--device", default=None, metavar="DEV",
                      help="torch device (default: cuda if available, else cpu).")(f)
     f = click.option("--model", "model_spec", default=None, metavar="M",
