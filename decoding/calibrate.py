@@ -45,8 +45,8 @@ ROUNDS = 9
 QUANTILE = 0.25
 MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
 # Part of every cache key: bump it when the engine's forward path or the measurement changes
-# what a forward costs (3: interleaved rounds, low quantile, spread check; 4: 4-bit linears).
-CURVE_VERSION = 4
+# what a forward costs (3: interleaved rounds, low quantile, spread check).
+CURVE_VERSION = 3
 
 Clock = Callable[[], float]
 
