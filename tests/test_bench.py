@@ -229,7 +229,7 @@ def cli_env(tmp_path, monkeypatch, tiny_gen, prepared):
 
     def fake_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None):
         calls.update(model=model, corpus=corpus, index=index, max_new_tokens=max_new_tokens,
-                     ids=[q.id for q in questions])
+                     ids=[q.id for q in questions], llamacpp=llamacpp)
         return core.Setup("tiny", "cpu", tiny_gen, prepared[: len(questions)])
 
     monkeypatch.setattr(bench_cmd, "build_setup", fake_setup)
@@ -276,13 +276,14 @@ def test_cli_bad_questions_file_exits_1_and_says_where(cli_env):
 
 
 def test_cli_methods_runs_those_and_their_baselines(cli_env):
-    _, corpus, questions, _ = cli_env
+    _, corpus, questions, calls = cli_env
     result = CliRunner().invoke(main, ["bench", "--corpus", str(corpus), "--questions",
                                        str(questions), "--max-new-tokens", "4", "--limit", "1",
                                        "--methods", "ragspec, hf_pld", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["methods"] == ["greedy", "ragspec", "hf_greedy", "hf_pld"]
+    assert calls["llamacpp"] is False  # no llama.cpp method chosen: llama.cpp is not loaded
     runs = data["questions"][0]["results"]
     assert runs["ragspec"]["identical_to_greedy"] is True  # greedy ran: compared
     assert runs["hf_greedy"]["new_tokens"] == 4

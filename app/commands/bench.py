@@ -89,6 +89,8 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
         questions = core.load_questions(questions_file, limit)
     except core.BenchInputError as exc:
         raise click.ClickException(str(exc)) from exc
+    if llamacpp is None and chosen is not None and not set(chosen) & set(LLAMACPP_METHODS):
+        llamacpp = False  # none of its methods will run: do not load llama.cpp at all
     setup = build_setup(model, corpus, index, questions, max_new_tokens, llamacpp)
     for failure in setup.failures:
         click.echo(f"warning: {failure}", err=True)

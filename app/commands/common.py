@@ -92,7 +92,7 @@ def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_ad
 
 
 def generator_from_options(model_spec: str | None, device: str | None = None, exact: bool = False,
-                   max_draft: int = 16, quiet: bool = False):
+                           max_draft: int = 16, quiet: bool = False):
     """Load as app.loading.load_generator does, with progress notes on stderr and errors as one
     clear line.
     A model that cannot speculate (its layers cannot be rolled back) is said so once."""
