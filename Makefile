@@ -52,7 +52,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check app retrieval decoding tests scripts
+	$(VENV)/bin/ruff check ragspec tests scripts
 
 # First run: ingest the bundled sample documents (unchanged files are skipped later), then
 # open the chat at http://localhost:8501.

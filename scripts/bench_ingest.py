@@ -4,7 +4,7 @@ Usage:  PYTHONPATH=. python scripts/bench_ingest.py [--repeats 1] [--embedder nu
             [--cases nested-html,...] [--steps 4] [--code CHECKOUT] [--json out.json]
 
 Generates files that have broken document loaders elsewhere, each at growing sizes, in a
-temporary folder, and ingests each file alone with `retrieval.ingest.ingest_paths` into a fresh
+temporary folder, and ingests each file alone with `ragspec.retrieval.ingest.ingest_paths` into a fresh
 index, in a fresh child process. Per run it records the wall and CPU seconds `ingest_paths` took
 (inside the child, imports excluded; CPU time does not count waiting for a core on a busy machine)
 and the child's peak resident memory (its own rusage, from os.wait4).
@@ -44,16 +44,16 @@ _CHILD = textwrap.dedent(
     """
     import json, sys, time
     import numpy as np
-    from retrieval.ingest import ingest_paths
-    from retrieval.store import PassageStore
+    from ragspec.retrieval.ingest import ingest_paths
+    from ragspec.retrieval.store import PassageStore
 
     class NullEmbedder:
         # The real word pieces (passages are cut exactly as with the model), constant vectors.
         name, dim = "bench:null", 384
 
         def __init__(self):
-            from retrieval.embeddings import bundled_model_dir
-            from retrieval.tokens import WordPieces
+            from ragspec.retrieval.embeddings import bundled_model_dir
+            from ragspec.retrieval.tokens import WordPieces
 
             self._pieces = WordPieces.from_file(bundled_model_dir() / "tokenizer.json", 256)
             self.max_tokens, self.special_tokens = 256, self._pieces.special_tokens
@@ -66,7 +66,7 @@ _CHILD = textwrap.dedent(
 
     path, index, which = sys.argv[1:4]
     if which == "bundled":
-        from retrieval.embeddings import Embedder
+        from ragspec.retrieval.embeddings import Embedder
         embedder = Embedder()
         embedder.embed_array(["warm up"])
     else:

@@ -26,10 +26,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from retrieval.embeddings import Embedder
-from retrieval.ingest import ingest_paths
-from retrieval.passages import PassageDraft
-from retrieval.store import PassageStore
+from ragspec.retrieval.embeddings import Embedder
+from ragspec.retrieval.ingest import ingest_paths
+from ragspec.retrieval.passages import PassageDraft
+from ragspec.retrieval.store import PassageStore
 
 REPO = Path(__file__).resolve().parent.parent
 THREADS = faiss.omp_get_max_threads()

@@ -10,7 +10,7 @@ question in a rotated order. Prints the median end-to-end tokens/s of each, the 
 ratio 4-bit / fp32 (median and minimum), whether speculation kept each variant's greedy output,
 and how far 4-bit greedy output agrees with fp32 greedy output (the 4-bit weights are another
 model: an answer may differ from the fp32 one after some tokens).
-This is the measurement behind the CPU default (decoding.model.wants_int4).
+This is the measurement behind the CPU default (ragspec.decoding.model.wants_int4).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def measure(corpus: str, questions_file: str, limit: int | None, max_new_tokens: int) -> dict:
-    from app.bench import Runner, load_questions, prepare_prompts, warm_up
-    from app.loading import generator_for, model_cache_dir, open_store
-    from decoding.model import load_model
-    from retrieval.ingest import ingest_paths
+    from ragspec.bench.runner import Runner, load_questions, prepare_prompts, warm_up
+    from ragspec.decoding.model import load_model
+    from ragspec.loading import generator_for, model_cache_dir, open_store
+    from ragspec.retrieval.ingest import ingest_paths
 
     cache = model_cache_dir()
     runners = {}

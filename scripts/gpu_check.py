@@ -13,7 +13,7 @@ instead of aborting the others:
   divergence      the bundled model in the device's fast dtype (bf16 on CUDA): the share of
                   prompts where ragspec's greedy output differs from model.generate's and from the
                   engine's own output without speculation (at least 20 prompts on CUDA);
-  speed           app.bench's methods (greedy, ragspec, hf_greedy, hf_pld, oracle) per prompt:
+  speed           ragspec.bench.runner's methods (greedy, ragspec, hf_greedy, hf_pld, oracle) per prompt:
                   median tokens/s and speedup (hf_pld over hf_greedy, the rest over greedy), for
                   the bundled model and every larger instruct model found in the local Hugging
                   Face cache;
@@ -84,8 +84,8 @@ class Check:
 
     def generator(self, spec: str | None, exact: bool):
         """(LoadedModel, Generator), loaded once per (model, dtype)."""
-        from app.loading import load_generator
-        from decoding.model import pick_device, pick_dtype
+        from ragspec.decoding.model import pick_device, pick_dtype
+        from ragspec.loading import load_generator
 
         key = (spec, pick_dtype(pick_device(self.device), exact))
         if key not in self._loaded:
@@ -97,9 +97,9 @@ class Check:
         """The set's passage index (ingested once, with the bundled embedder)."""
         import os
 
-        from retrieval.embeddings import Embedder
-        from retrieval.ingest import ingest_paths
-        from retrieval.store import PassageStore
+        from ragspec.retrieval.embeddings import Embedder
+        from ragspec.retrieval.ingest import ingest_paths
+        from ragspec.retrieval.store import PassageStore
 
         if name not in self._stores:
             if self._embedder is None:
@@ -114,10 +114,10 @@ class Check:
 
     def prompts(self, spec: str | None, generator, limit: int | None,
                 sets: tuple[str, ...] = ("data", "data/bench")) -> list:
-        """app.bench.Prepared prompts of the bundled sets (`limit` questions per set), built by
+        """ragspec.bench.runner.Prepared prompts of the bundled sets (`limit` questions per set), built by
         the real pipeline with this model's tokenizer."""
-        from app.bench import Prepared, load_questions
-        from app.pipeline import Pipeline, PipelineConfig
+        from ragspec.bench.runner import Prepared, load_questions
+        from ragspec.pipeline import Pipeline, PipelineConfig
 
         key = (spec, limit, sets)
         if key not in self._prompts:
@@ -140,13 +140,13 @@ class Check:
 def hf_greedy(generator, prompt_ids: list[int], new_tokens: int) -> list[int]:
     """model.generate(do_sample=False) on the generator's model exactly as the engine runs it:
     the oracle of every identity."""
-    from app.bench import Runner
+    from ragspec.bench.runner import Runner
 
     return Runner(generator, stock=False).run("hf_greedy", prompt_ids, new_tokens).token_ids
 
 
 def engine_ids(generator, prompt_ids, new_tokens: int, draft) -> list[int]:
-    from decoding.types import GenerationConfig
+    from ragspec.decoding.types import GenerationConfig
 
     return generator.generate(prompt_ids, GenerationConfig(new_tokens, draft=draft)).token_ids
 
@@ -171,7 +171,7 @@ def section_environment(check: Check) -> dict:
 
 
 def section_identity_exact(check: Check) -> dict:
-    from decoding.types import DraftConfig
+    from ragspec.decoding.types import DraftConfig
 
     loaded, gen = check.generator(None, exact=True)
     prompts = check.prompts(None, gen, check.limits["prompts"], sets=("data",))
@@ -203,7 +203,7 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def section_divergence(check: Check) -> dict:
-    from decoding.types import DraftConfig
+    from ragspec.decoding.types import DraftConfig
 
     loaded, gen = check.generator(None, exact=False)
     prompts = check.prompts(None, gen, check.limits["prompts"])
@@ -237,8 +237,8 @@ SPEEDUP_BASE = {"greedy": "greedy", "ragspec": "greedy", "oracle": "greedy",
 
 def speed_table(check: Check, spec: str | None) -> dict:
     """Every method on every prompt (after one warm-up run each): median tokens/s, speedups."""
-    from app.bench import METHODS, Runner
-    from app.loading import describe_device
+    from ragspec.bench.runner import METHODS, Runner
+    from ragspec.loading import describe_device
 
     loaded, gen = check.generator(spec, exact=False)
     prompts = check.prompts(spec, gen, check.limits["speed_prompts"])
@@ -308,7 +308,7 @@ def section_speed(check: Check) -> dict:
 
 
 def section_sampling(check: Check) -> dict:
-    from decoding.types import DraftConfig, GenerationConfig, SamplingConfig
+    from ragspec.decoding.types import DraftConfig, GenerationConfig, SamplingConfig
 
     loaded, gen = check.generator(None, exact=False)
     item = check.prompts(None, gen, check.limits["prompts"])[0]

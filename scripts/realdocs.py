@@ -44,7 +44,7 @@ from pathlib import Path
 
 import click
 
-from app.terminal import printable
+from ragspec.terminal import printable
 
 REPO = Path(__file__).resolve().parent.parent
 SETS_DIR = REPO / "data" / "realdocs"
@@ -197,7 +197,7 @@ def whitespace_pattern(snippet: str) -> re.Pattern:
 
 def loaded_texts(corpus: Path, files: list[str]) -> dict[str, str]:
     """The text ragspec's loader makes of each corpus file (what passages are cut from)."""
-    from retrieval.loaders import load_file
+    from ragspec.retrieval.loaders import load_file
 
     return {name: "\n\n".join(d.page_content for d in load_file(corpus / name))
             for name in files}
@@ -240,8 +240,8 @@ def first_rank(hits, source_path: str, spans: list[tuple[int, int]],
 
 def measure_recall(name: str, corpus: Path, k: int, index: Path | None = None) -> dict:
     """Ingest the corpus (into `index`, or a temporary one) and rank every question's snippets."""
-    from app.loading import open_store
-    from retrieval.ingest import ingest_paths
+    from ragspec.loading import open_store
+    from ragspec.retrieval.ingest import ingest_paths
 
     _, sources = read_set(name)
     texts = loaded_texts(corpus, [s.file for s in sources])

@@ -6,7 +6,7 @@ Usage:  PYTHONPATH=. python scripts/replay.py --corpus data/corpus --questions d
 Builds each question's prompt with the real pipeline (as `ragspec bench` does), runs the engine's
 greedy decoding once per question (the truth, and the measured prefill time), then walks every
 strategy below over the true answer. A step's time is this machine's measured forward cost
-c(n) for the n tokens it verifies (decoding.calibrate), so the strategies are compared without
+c(n) for the n tokens it verifies (ragspec.decoding.calibrate), so the strategies are compared without
 timing noise. Speedup = (prefill + (N-1)·c(1)) / (prefill + Σ c(step)), the bench's end-to-end
 figure; medians are printed per question kind.
 
@@ -30,11 +30,11 @@ import json
 import statistics
 import sys
 
-from app import bench as core
-from app.bench import build_setup
-from decoding.ngram import NgramIndex
-from decoding.policy import DraftPolicy
-from decoding.types import DraftConfig, GenerationConfig
+from ragspec.bench import runner as core
+from ragspec.bench.runner import build_setup
+from ragspec.decoding.ngram import NgramIndex
+from ragspec.decoding.policy import DraftPolicy
+from ragspec.decoding.types import DraftConfig, GenerationConfig
 
 
 def agree(draft, truth) -> int:

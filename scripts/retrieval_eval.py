@@ -63,8 +63,8 @@ def corpora(work: Path) -> dict[str, tuple[Path, list[dict]]]:
 def evaluate_set(name: str, corpus: Path, questions: list[dict]) -> dict:
     """Ingest `corpus` into a temporary index; per question and mode, the found rank and the
     best cosine."""
-    from app.loading import open_store
-    from retrieval.ingest import ingest_paths
+    from ragspec.loading import open_store
+    from ragspec.retrieval.ingest import ingest_paths
 
     files = sorted(p.name for p in corpus.iterdir() if p.is_file())
     texts = realdocs.loaded_texts(corpus, files)

@@ -40,7 +40,7 @@ def make_tiny_model(vocab_size: int, seed: int = 0, **overrides):
     right)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from decoding.attention import register
+    from ragspec.decoding.attention import register
 
     torch.manual_seed(seed)
     cfg = dict(
@@ -77,7 +77,7 @@ def tiny_model(tiny_tokenizer):
 
 @pytest.fixture(scope="session")
 def bundled():
-    from decoding.model import load_model
+    from ragspec.decoding.model import load_model
 
     return load_model(None, MODEL_CACHE)
 
@@ -145,7 +145,7 @@ def run(tmp_path, monkeypatch):
     """Invoke the `ragspec` CLI in-process (click's CliRunner) with RAGSPEC_HOME in tmp_path."""
     from click.testing import CliRunner
 
-    from app.cli import main
+    from ragspec.cli import main
 
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
 

@@ -1,6 +1,6 @@
 """A fast, deterministic stand-in for `Embedder`, for tests (ours and the pipeline's).
 
-`HashEmbedder` has the same interface as `retrieval.embeddings.Embedder` (name, dim,
+`HashEmbedder` has the same interface as `ragspec.retrieval.embeddings.Embedder` (name, dim,
 max_tokens, special_tokens, count_tokens, token_spans, embed_array, embed_documents, embed_query)
 but needs no torch: token counts come from the bundled all-MiniLM-L6-v2 tokenizer (the real word pieces, so
 passage lengths are checked against the real limit), and vectors are normalised bags of hashed
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 from langchain_core.embeddings import Embeddings
 
-from retrieval.embeddings import bundled_model_dir
-from retrieval.tokens import WordPieces
+from ragspec.retrieval.embeddings import bundled_model_dir
+from ragspec.retrieval.tokens import WordPieces
 
 _WORD = re.compile(r"\w+")
 
@@ -202,7 +202,7 @@ def hold_lock(index_dir):
     import sys
     from pathlib import Path
 
-    from retrieval.persist import LOCK_NAME
+    from ragspec.retrieval.persist import LOCK_NAME
 
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(Path(index_dir) / LOCK_NAME)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

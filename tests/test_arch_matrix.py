@@ -18,11 +18,17 @@ import torch
 from conftest import FAMILIES, RECURRENT, SLIDING_FAMILIES, WINDOW, make_family_model
 from transformers import DynamicCache
 
-from decoding import cache as kv
-from decoding.attention import NAME, install
-from decoding.cache import GrowingLayer, SlidingLayer, crop_cache, new_cache, rollback_problem
-from decoding.engine import Generator
-from decoding.types import DraftConfig, GenerationConfig, SamplingConfig
+from ragspec.decoding import cache as kv
+from ragspec.decoding.attention import NAME, install
+from ragspec.decoding.cache import (
+    GrowingLayer,
+    SlidingLayer,
+    crop_cache,
+    new_cache,
+    rollback_problem,
+)
+from ragspec.decoding.engine import Generator
+from ragspec.decoding.types import DraftConfig, GenerationConfig, SamplingConfig
 
 NEW_TOKENS = 40
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from app.commands.ask import ask
+from ragspec.commands.ask import ask
 from tests.conftest import MODEL_CACHE
 
 DOC = ("The metrics endpoint of the daemon listens on port 7432 and serves /metrics only.\n"
@@ -27,9 +27,9 @@ def home(tmp_path, monkeypatch):
 
 @pytest.fixture
 def indexed(home, tmp_path):
-    from retrieval.embeddings import Embedder
-    from retrieval.ingest import ingest_paths
-    from retrieval.store import PassageStore
+    from ragspec.retrieval.embeddings import Embedder
+    from ragspec.retrieval.ingest import ingest_paths
+    from ragspec.retrieval.store import PassageStore
 
     doc = tmp_path / "metrics.txt"
     doc.write_text(DOC)

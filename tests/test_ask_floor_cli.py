@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 from fakes import HashEmbedder
 
-import app.commands.ask as ask_module
-import app.loading as loading
-from app.cli import main
-from app.retrieving import NOT_IN_DOCUMENTS
-from retrieval.ingest import ingest_paths
-from retrieval.store import PassageStore
+import ragspec.commands.ask as ask_module
+import ragspec.loading as loading
+from ragspec.cli import main
+from ragspec.retrieval.ingest import ingest_paths
+from ragspec.retrieval.store import PassageStore
+from ragspec.search import NOT_IN_DOCUMENTS
 
 DOC = ("The metrics endpoint of the daemon listens on port 7432 and serves /metrics only.\n\n"
        "Error E204 means that the queue is full.\n")

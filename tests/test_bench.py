@@ -11,11 +11,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from app import bench as core
-from app import bench_summary as summary
-from app.cli import main
-from app.commands import bench as bench_cmd
-from decoding.engine import Generator
+from ragspec.bench import runner as core
+from ragspec.bench import summary as summary
+from ragspec.cli import main
+from ragspec.commands import bench as bench_cmd
+from ragspec.decoding.engine import Generator
 
 RESULT_FIELDS = {"new_tokens", "seconds", "ttft_seconds", "tokens_per_s", "decode_tokens_per_s",
                  "forward_passes", "drafted_tokens", "accepted_tokens", "identical_to_greedy"}
@@ -327,7 +327,7 @@ def test_cli_failed_inputs_are_named_and_exit_1(cli_env, monkeypatch, tiny_gen, 
 def test_transformers_baselines_run_with_stock_attention(tiny_gen, prepared, monkeypatch):
     """hf_greedy/hf_pld run transformers' own sdpa attention on the same weights; the engine's
     attention is back afterwards."""
-    from decoding.attention import NAME
+    from ragspec.decoding.attention import NAME
 
     model = tiny_gen.model
     assert model.config._attn_implementation == NAME
@@ -376,7 +376,7 @@ def test_llamacpp_anchors_run_beside_the_others(tiny_gen, prepared, monkeypatch,
     import sys
     import types
 
-    from app import bench_llamacpp
+    from ragspec.bench import llamacpp as bench_llamacpp
 
     fake = types.ModuleType("llama_cpp")
     fake.Llama = FakeLlama

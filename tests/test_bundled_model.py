@@ -6,10 +6,10 @@ import pytest
 import torch
 from test_engine import hf_greedy
 
-from decoding.detok import IncrementalDecoder
-from decoding.engine import Generator
-from decoding.model import ModelNotFound, bundled_gguf_path, chat_prompt_ids, load_model
-from decoding.types import DraftConfig, GenerationConfig
+from ragspec.decoding.detok import IncrementalDecoder
+from ragspec.decoding.engine import Generator
+from ragspec.decoding.model import ModelNotFound, bundled_gguf_path, chat_prompt_ids, load_model
+from ragspec.decoding.types import DraftConfig, GenerationConfig
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from decoding import cache as kv
-from decoding.cache import GrowingLayer, SlidingLayer, crop_cache, new_cache
+from ragspec.decoding import cache as kv
+from ragspec.decoding.cache import GrowingLayer, SlidingLayer, crop_cache, new_cache
 
 
 @torch.inference_mode()

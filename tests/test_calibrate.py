@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 
-from decoding import calibrate
-from decoding.calibrate import Calibration, CostWatch, cost_key, load_or_measure
-from decoding.engine import Generator
-from decoding.policy import ForwardCost
-from decoding.types import GenerationConfig
+from ragspec.decoding import calibrate
+from ragspec.decoding.calibrate import Calibration, CostWatch, cost_key, load_or_measure
+from ragspec.decoding.engine import Generator
+from ragspec.decoding.policy import ForwardCost
+from ragspec.decoding.types import GenerationConfig
 
 CPU = torch.device("cpu")
 
@@ -179,7 +179,7 @@ def test_the_engine_remeasures_after_two_disagreeing_checks(tiny_model, tiny_tok
 @pytest.fixture
 def calibrate_cli(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
     """`ragspec calibrate` over the tiny model, in a temporary data directory."""
-    from decoding import model as model_mod
+    from ragspec.decoding import model as model_mod
 
     loaded = model_mod.LoadedModel(tiny_model, tiny_tokenizer, "tiny", CPU, torch.float32, 0.0)
     monkeypatch.setattr(model_mod, "load_model", lambda *a, **k: loaded)
@@ -192,7 +192,7 @@ def calibrate_cli(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
 def test_calibrate_measures_caches_and_shows_the_curve(calibrate_cli):
     from click.testing import CliRunner
 
-    from app.cli import main
+    from ragspec.cli import main
 
     runner = CliRunner()
     missing = runner.invoke(main, ["calibrate", "--show"])

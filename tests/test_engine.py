@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decoding import sampling as sampling_mod
-from decoding.engine import Generator
-from decoding.policy import ForwardCost
-from decoding.types import (
+from ragspec.decoding import sampling as sampling_mod
+from ragspec.decoding.engine import Generator
+from ragspec.decoding.policy import ForwardCost
+from ragspec.decoding.types import (
     DraftConfig,
     GenerationConfig,
     SamplingConfig,
@@ -267,7 +267,7 @@ def test_a_wrong_accept_rule_fails_the_distribution_check(tiny_tokenizer, monkey
             return i, sampling_mod.sample(probs[i], generator)
         return len(draft), sampling_mod.sample(probs[len(draft)], generator)
 
-    import decoding.engine as engine_mod
+    import ragspec.decoding.engine as engine_mod
 
     monkeypatch.setattr(engine_mod, "accept_sampled", buggy)
     cfg = SamplingConfig(temperature=1.0, top_k=3)

@@ -49,7 +49,7 @@ def test_cpu_fp32_is_identical_to_generate_with_and_without_speculation(report):
 
 @pytest.mark.slow
 def test_speed_table_sampling_and_faiss_report_what_they_measured(report):
-    from app.bench import METHODS
+    from ragspec.bench.runner import METHODS
 
     table = report["speed"]["bundled"]
     assert table["prompts"] >= 1 and set(table["methods"]) == set(METHODS)

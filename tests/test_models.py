@@ -20,12 +20,12 @@ from click.testing import CliRunner
 from conftest import REPO, make_family_model, save_model_folder
 from test_arch_matrix import hf_greedy
 
-from app.cli import main
-from decoding.attention import NAME
-from decoding.engine import Generator
-from decoding.hub import HubError, select_files, wanted
-from decoding.model import ModelNotFound, ModelNotSupported, load_model
-from decoding.types import GenerationConfig
+from ragspec.cli import main
+from ragspec.decoding.attention import NAME
+from ragspec.decoding.engine import Generator
+from ragspec.decoding.hub import HubError, select_files, wanted
+from ragspec.decoding.model import ModelNotFound, ModelNotSupported, load_model
+from ragspec.decoding.types import GenerationConfig
 
 RAGSPEC = str(Path(sys.executable).with_name("ragspec"))
 SPECULATION_OFF = "speculation off: this model's layers cannot be rolled back"
@@ -153,9 +153,9 @@ def test_a_cached_hub_id_loads_offline_and_a_base_model_generates_without_a_temp
 
 
 def test_ask_with_a_cached_hub_id_answers_offline(hub_cache, run, tmp_path):
-    from retrieval.embeddings import Embedder
-    from retrieval.ingest import ingest_paths
-    from retrieval.store import PassageStore
+    from ragspec.retrieval.embeddings import Embedder
+    from ragspec.retrieval.ingest import ingest_paths
+    from ragspec.retrieval.store import PassageStore
 
     doc = tmp_path / "metrics.txt"
     doc.write_text("The metrics endpoint listens on port 7432 and serves /metrics only.\n")
@@ -223,7 +223,7 @@ def write_gguf(path: Path, arch: str, qtype, row_bytes: int) -> Path:
 
 
 def bundled_gguf() -> Path:
-    from decoding.model import bundled_gguf_path
+    from ragspec.decoding.model import bundled_gguf_path
 
     return bundled_gguf_path()
 
@@ -254,7 +254,7 @@ def test_a_file_that_is_not_gguf_is_one_clear_line(run, tmp_path):
     assert "not a .gguf" in one_line_error(run("generate", "--prompt", "hi", "--model", str(path)))
 
 
-CONVERT = ("import sys, json; from decoding.convert import gguf_folder; "
+CONVERT = ("import sys, json; from ragspec.decoding.convert import gguf_folder; "
            "folder, converted = gguf_folder(sys.argv[1], sys.argv[2]); "
            "print(json.dumps({'folder': str(folder), 'converted': converted}))")
 
@@ -304,7 +304,7 @@ def test_a_converted_gguf_loads_fast_with_the_bundled_models_logits(user_gguf, b
 @pytest.mark.slow
 def test_generate_with_a_gguf_path_works_and_a_changed_file_converts_again(user_gguf, tmp_path,
                                                                            monkeypatch):
-    from decoding.model import needs_conversion
+    from ragspec.decoding.model import needs_conversion
 
     path, cache, _ = user_gguf
     monkeypatch.setenv("RAGSPEC_MODEL_CACHE", str(cache))
@@ -315,7 +315,7 @@ def test_generate_with_a_gguf_path_works_and_a_changed_file_converts_again(user_
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["stats"]["new_tokens"] >= 1
     assert not needs_conversion(str(path), cache)
-    from decoding.convert import content_hash
+    from ragspec.decoding.convert import content_hash
 
     copy = tmp_path / "copy.gguf"
     shutil.copyfile(path, copy)

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoding.ngram import NgramIndex
+from ragspec.decoding.ngram import NgramIndex
 
 
 def brute_force(tokens, *, min_n, max_n, max_tokens):

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.pipeline import (
+from ragspec.decoding.types import GenerationConfig
+from ragspec.pipeline import (
     DEFAULT_SEARCH,
     NoDocumentsError,
     Pipeline,
@@ -16,9 +17,8 @@ from app.pipeline import (
     is_followup,
     standalone_question,
 )
-from app.retrieving import NOT_IN_DOCUMENTS
-from decoding.types import GenerationConfig
-from retrieval.store import Hit, Passage, SearchResult
+from ragspec.retrieval.store import Hit, Passage, SearchResult
+from ragspec.search import NOT_IN_DOCUMENTS
 
 PASSAGES = [
     Passage(id="a-1", doc_id="a", source="/docs/ops guide.md", page=None, start=0,
@@ -229,7 +229,7 @@ def test_config_rejects_bad_values(kwargs):
 
 
 def test_ask_returns_answer_with_passages_in_the_json_shape(tiny_model, tiny_tokenizer):
-    from decoding.engine import Generator
+    from ragspec.decoding.engine import Generator
 
     ascii_passages = [Passage(id="x", doc_id="x", source="/d/x.txt", page=None, start=0,
                               text="Port 7432 serves metrics. Port 7432 serves metrics.")]
@@ -248,7 +248,7 @@ def test_ask_returns_answer_with_passages_in_the_json_shape(tiny_model, tiny_tok
 
 @pytest.mark.slow
 def test_accepted_drafts_carry_passage_and_the_characters_they_copied(bundled):
-    from decoding.engine import Generator
+    from ragspec.decoding.engine import Generator
 
     gen = Generator.from_loaded(bundled)
     p = Pipeline(FakeStore(), gen, PipelineConfig(k=1, max_new_tokens=40))
@@ -284,7 +284,7 @@ class RefusingGenerator:
 ])
 def test_floor_refuses_below_and_answers_above(tiny_tokenizer, tiny_model, best, min_score,
                                                refused):
-    from decoding.engine import Generator
+    from ragspec.decoding.engine import Generator
 
     store = FakeStore(PASSAGES[:2], best=best)
     real = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[-1])

@@ -1,8 +1,8 @@
 """The draft-length policy: expected tokens per second decides, and it learns from outcomes."""
 
-from decoding.ngram import Match
-from decoding.policy import AcceptanceModel, DraftPolicy, ForwardCost, expected_tokens
-from decoding.types import DraftConfig
+from ragspec.decoding.ngram import Match
+from ragspec.decoding.policy import AcceptanceModel, DraftPolicy, ForwardCost, expected_tokens
+from ragspec.decoding.types import DraftConfig
 
 # This CPU's shape (design.md): 1 -> 65 ms, 4 -> 115, 8 -> 135, 16 -> 160.
 CPU = ForwardCost([0.065, 0.08, 0.1, 0.115, 0.12, 0.125, 0.13, 0.135] + [0.14 + 0.0025 * i for i in range(9)])

@@ -1,4 +1,4 @@
-"""4-bit linears (decoding.quant): exact recovery of Q4_1 weights, the kernel against a
+"""4-bit linears (ragspec.decoding.quant): exact recovery of Q4_1 weights, the kernel against a
 de-quantised matmul, the fp32 path for long inputs, and greedy identity of the engine against
 transformers' generate on the same quantised model."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from decoding import quant
-from decoding.engine import Generator
-from decoding.types import DraftConfig, GenerationConfig
+from ragspec.decoding import quant
+from ragspec.decoding.engine import Generator
+from ragspec.decoding.types import DraftConfig, GenerationConfig
 
 pytestmark = pytest.mark.skipif(not quant.supported(), reason="no CPU int4-pack kernel in torch")
 
@@ -108,7 +108,7 @@ def test_a_draft_too_long_for_the_int4_side_is_refused(tiny_tokenizer):
 def test_4bit_weights_are_opt_in(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
     from conftest import save_model_folder
 
-    from decoding.model import INT4_ENV, load_model
+    from ragspec.decoding.model import INT4_ENV, load_model
 
     folder = save_model_folder(tiny_model, tiny_tokenizer, tmp_path / "llama")
     monkeypatch.delenv(INT4_ENV, raising=False)

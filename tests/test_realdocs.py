@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from app.bench import load_questions
+from ragspec.bench.runner import load_questions
 from scripts import realdocs  # the repository root is on sys.path (pytest's pythonpath)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -209,7 +209,7 @@ class _Store:
 
 
 def _hit(text: str, source: Path, start: int, score: float):
-    from retrieval.records import Hit, Passage
+    from ragspec.retrieval.records import Hit, Passage
 
     return Hit(score, Passage(id=f"p{start}", doc_id="d", text=text, source=str(source),
                               page=None, start=start))

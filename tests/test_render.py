@@ -6,9 +6,10 @@ from __future__ import annotations
 import html
 import re
 
-from app import render as rd
-from decoding.types import Span, SpanOrigin
-from retrieval.store import Passage
+from ragspec import describe
+from ragspec.decoding.types import Span, SpanOrigin
+from ragspec.retrieval.store import Passage
+from ragspec.web import page_html as rd
 
 NASTY = "<script>alert(1)</script> **bold** _i_ # h :red[x] $x^2$ [l](http://e) `c` &amp;\n- item"
 
@@ -54,7 +55,7 @@ def test_copied_ranges_merge_overlaps_per_passage():
         Span("d", [1], True, SpanOrigin(1, False)),
         Span("e", [1], False),
     ]
-    assert rd.copied_ranges(spans) == {0: [(0, 9)], 1: [(2, 4)]}
+    assert describe.copied_ranges(spans) == {0: [(0, 9)], 1: [(2, 4)]}
 
 
 def test_passage_html_marks_copied_ranges_and_escapes():
@@ -66,7 +67,7 @@ def test_passage_html_marks_copied_ranges_and_escapes():
 
 
 def test_identical_verdict():
-    assert rd.identical_verdict([1, 2], [1, 2], True)[0] is True
-    ok, message = rd.identical_verdict([1, 2, 3], [1, 5, 3], True)
+    assert describe.identical_verdict([1, 2], [1, 2], True)[0] is True
+    ok, message = describe.identical_verdict([1, 2, 3], [1, 5, 3], True)
     assert ok is False and "token 1" in message
-    assert rd.identical_verdict([1], [2], False)[0] is None
+    assert describe.identical_verdict([1], [2], False)[0] is None

@@ -12,12 +12,12 @@ from xml.etree.ElementTree import ParseError
 import pytest
 from fakes import HashEmbedder, damaged_zip, docx_bomb_bytes, docx_bytes
 
-import retrieval.ingest as ingest_module
-from retrieval.errors import LoadError
-from retrieval.ingest import ingest_paths
-from retrieval.limits import IngestLimits
-from retrieval.loaders import load_bytes
-from retrieval.store import PassageStore
+import ragspec.retrieval.ingest as ingest_module
+from ragspec.retrieval.errors import LoadError
+from ragspec.retrieval.ingest import ingest_paths
+from ragspec.retrieval.limits import IngestLimits
+from ragspec.retrieval.loaders import load_bytes
+from ragspec.retrieval.store import PassageStore
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 _GOOD_DOCX = docx_bytes(["Ferries leave every hour.", "The last one leaves at 23:10."])

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 from fakes import HashEmbedder, hold_lock, release
 
-import app.commands.index as index_commands
-import app.loading as common
-from app.cli import main
+import ragspec.commands.index as index_commands
+import ragspec.loading as common
+from ragspec.cli import main
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 
@@ -223,7 +223,7 @@ def test_a_second_writer_prints_that_it_waits(home, tmp_path, monkeypatch):
 
 class _Unavailable(HashEmbedder):
     def count_tokens(self, text):
-        from retrieval.errors import EmbedderUnavailableError
+        from ragspec.retrieval.errors import EmbedderUnavailableError
 
         raise EmbedderUnavailableError("The bundled embedding model is missing: install it.")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from fakes import HashEmbedder, hold_lock, release
 
-import retrieval.ingest as ingest_module
-from retrieval import persist
-from retrieval.ingest import IngestEvent, ingest_paths
-from retrieval.store import PassageStore
+import ragspec.retrieval.ingest as ingest_module
+from ragspec.retrieval import persist
+from ragspec.retrieval.ingest import IngestEvent, ingest_paths
+from ragspec.retrieval.store import PassageStore
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
@@ -135,7 +135,7 @@ def test_a_second_writer_waits_for_its_turn_and_says_so(tmp_path, embedder):
 _CLI = textwrap.dedent(
     """
     import sys, time
-    import app.loading as common
+    import ragspec.loading as common
     from fakes import HashEmbedder, hold_lock, release
 
     class Slow(HashEmbedder):  # an embedder that takes its time, as a real one does
@@ -144,7 +144,7 @@ _CLI = textwrap.dedent(
             return super().embed_array(texts)
 
     common.cached_embedder = lambda name: Slow()
-    from app.cli import main
+    from ragspec.cli import main
     main(sys.argv[1:], prog_name="ragspec")
     """
 )

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from fakes import HashEmbedder
 
-from retrieval.embeddings import BUNDLED_MODEL_ID, Embedder, bundled_model_dir
-from retrieval.ingest import ingest_paths
-from retrieval.store import PassageStore
+from ragspec.retrieval.embeddings import BUNDLED_MODEL_ID, Embedder, bundled_model_dir
+from ragspec.retrieval.ingest import ingest_paths
+from ragspec.retrieval.store import PassageStore
 
 pytestmark = pytest.mark.slow
 
@@ -89,8 +89,8 @@ def test_development_questions_find_the_passage_that_answers_them(corpus_store, 
 
 
 def test_cli_end_to_end_with_the_bundled_model(tmp_path, monkeypatch, embedder):
-    import app.loading as common
-    from app.cli import main
+    import ragspec.loading as common
+    from ragspec.cli import main
 
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path))
     monkeypatch.delenv("RAGSPEC_EMBEDDER", raising=False)

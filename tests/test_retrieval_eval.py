@@ -35,7 +35,7 @@ def test_every_answerable_question_has_snippets_found_in_its_corpus_file(name):
 
 @pytest.mark.parametrize("name", sorted(SETS))
 def test_question_files_still_load_with_the_bench_loader(name):
-    from app.bench import load_questions
+    from ragspec.bench.runner import load_questions
 
     questions = load_questions(SETS[name] / "questions.jsonl")
     # every question but those marked unanswerable (nothing to generate from for the speed bench)

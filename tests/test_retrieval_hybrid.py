@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from fakes import HashEmbedder
 
-from retrieval import persist
-from retrieval.bm25 import K1, B, BM25Index, tokenize
-from retrieval.fusion import fuse
-from retrieval.ingest import ingest_paths
-from retrieval.store import PassageStore
+from ragspec.retrieval import persist
+from ragspec.retrieval.bm25 import K1, B, BM25Index, tokenize
+from ragspec.retrieval.fusion import fuse
+from ragspec.retrieval.ingest import ingest_paths
+from ragspec.retrieval.store import PassageStore
 
 # A toy corpus small enough to score by hand.
 TOY = [

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fakes import HashEmbedder, blank_pdf_bytes, encrypted_pdf_bytes
 
-from retrieval.ingest import IngestEvent, default_max_file_bytes, ingest_paths
-from retrieval.store import PassageStore
+from ragspec.retrieval.ingest import IngestEvent, default_max_file_bytes, ingest_paths
+from ragspec.retrieval.store import PassageStore
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 PDF = CORPUS / "operations-guide.pdf"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fakes import blank_pdf_bytes, encrypted_pdf_bytes
 
-from retrieval.errors import LoadError
-from retrieval.loaders import SUPPORTED_SUFFIXES, load_file
+from ragspec.retrieval.errors import LoadError
+from ragspec.retrieval.loaders import SUPPORTED_SUFFIXES, load_file
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 PDF = CORPUS / "operations-guide.pdf"

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.documents import Document
 
-from retrieval.loaders import load_file
-from retrieval.passages import SplitConfig, split_documents
+from ragspec.retrieval.loaders import load_file
+from ragspec.retrieval.passages import SplitConfig, split_documents
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus"
 

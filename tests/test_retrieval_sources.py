@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from fakes import HashEmbedder
 
-import retrieval.ingest as ingest_module
-from retrieval.ingest import ingest_paths
-from retrieval.sources import collect
-from retrieval.store import PassageStore
+import ragspec.retrieval.ingest as ingest_module
+from ragspec.retrieval.ingest import ingest_paths
+from ragspec.retrieval.sources import collect
+from ragspec.retrieval.store import PassageStore
 
 
 @pytest.fixture

@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 from fakes import HashEmbedder, hold_lock, release
 
-import retrieval.ingest as ingest_module
-from retrieval import persist
-from retrieval.errors import (
+import ragspec.retrieval.ingest as ingest_module
+from ragspec.retrieval import persist
+from ragspec.retrieval.errors import (
     EmbedderMismatchError,
     IndexCorruptError,
     IndexLockedError,
     IndexNotWritableError,
     UnknownDocumentError,
 )
-from retrieval.ingest import ingest_paths
-from retrieval.store import PassageStore
+from ragspec.retrieval.ingest import ingest_paths
+from ragspec.retrieval.store import PassageStore
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "data" / "corpus"
@@ -162,7 +162,7 @@ def test_removing_an_unknown_document_is_a_clear_key_error(index, embedder):
 
 
 def test_passage_provenance_points_into_the_loaded_text(tmp_path, embedder):
-    from retrieval.loaders import load_file
+    from ragspec.retrieval.loaders import load_file
 
     store = PassageStore.open(tmp_path / "i", embedder)
     ingest_paths([CORPUS], store)
@@ -404,8 +404,8 @@ def test_writer_builds_on_commits_made_after_it_was_opened(index, embedder, docs
 _INGEST = textwrap.dedent(
     """
     import sys
-    from retrieval.ingest import ingest_paths
-    from retrieval.store import PassageStore
+    from ragspec.retrieval.ingest import ingest_paths
+    from ragspec.retrieval.store import PassageStore
     from fakes import HashEmbedder, hold_lock, release
     store = PassageStore.open(sys.argv[1], HashEmbedder())
     report = ingest_paths(sys.argv[2:], store)
@@ -502,8 +502,8 @@ def test_the_error_that_stopped_a_write_is_the_one_raised_even_if_reloading_fail
 def test_a_missing_embedding_model_is_a_retrieval_error(monkeypatch):
     import importlib.util
 
-    from retrieval.embeddings import Embedder
-    from retrieval.errors import EmbedderUnavailableError, RetrievalError
+    from ragspec.retrieval.embeddings import Embedder
+    from ragspec.retrieval.errors import EmbedderUnavailableError, RetrievalError
 
     monkeypatch.delenv("RAGSPEC_EMBEDDER", raising=False)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)

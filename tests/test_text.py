@@ -1,5 +1,5 @@
-"""The text side without a model: incremental detokenising (decoding.detok) and the spans it
-becomes, with stop strings and hold-back (decoding.text), against whole-sequence decoding."""
+"""The text side without a model: incremental detokenising (ragspec.decoding.detok) and the spans it
+becomes, with stop strings and hold-back (ragspec.decoding.text), against whole-sequence decoding."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoding.detok import IncrementalDecoder
-from decoding.text import SpanText
-from decoding.types import SpanOrigin
+from ragspec.decoding.detok import IncrementalDecoder
+from ragspec.decoding.text import SpanText
+from ragspec.decoding.types import SpanOrigin
 
 SAMPLE = ("Les élèves vont à l'école → 日本語のテキスト 😀 naïve café, "
           "the quick brown fox; ñandú ümlaut façade 🎉 über")

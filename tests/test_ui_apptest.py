@@ -19,7 +19,7 @@ from tests.conftest import MODEL_CACHE
 
 pytestmark = pytest.mark.slow
 
-APP = str(Path(__file__).resolve().parent.parent / "app" / "ui.py")
+APP = str(Path(__file__).resolve().parent.parent / "ragspec" / "web" / "page.py")
 
 DOC = b"""# Metrics
 

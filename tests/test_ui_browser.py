@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from ui_support import free_port, wait_healthy
 
-from app.commands.ui import streamlit_argv, streamlit_env
+from ragspec.commands.ui import streamlit_argv, streamlit_env
 from tests.conftest import MODEL_CACHE, make_char_tokenizer, make_tiny_model
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -19,11 +19,11 @@ from ui_support import (
     tiny_page,
 )
 
-from app import chats as ch
-from app.chat_export import chat_markdown
-from app.cli import main
-from decoding.types import GenerationStats, Span, SpanOrigin
-from retrieval.records import Passage
+from ragspec.cli import main
+from ragspec.decoding.types import GenerationStats, Span, SpanOrigin
+from ragspec.retrieval.records import Passage
+from ragspec.web import chats as ch
+from ragspec.web.chat_export import chat_markdown
 
 PASSAGE = Passage(id="d-1", doc_id="d", source="/srv/docs/ops guide.md", page=2, start=10,
                   text="The metrics endpoint listens on port 7432.\nIt serves /metrics only.")

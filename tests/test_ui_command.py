@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 from ui_support import free_port, wait_healthy
 
-from app.cli import main
-from app.commands.ui import streamlit_argv, streamlit_env
+from ragspec.cli import main
+from ragspec.commands.ui import streamlit_argv, streamlit_env
 
 
 def option(argv: list[str], name: str) -> str:
@@ -60,7 +60,7 @@ def test_streamlit_upload_limit_follows_ragspec_max_file_mb(monkeypatch, megabyt
 def started(monkeypatch):
     """Records the command `ragspec ui` would replace itself with, instead of running it."""
     calls = []
-    monkeypatch.setattr("app.commands.ui.os.execve", lambda *args: calls.append(args))
+    monkeypatch.setattr("ragspec.commands.ui.os.execve", lambda *args: calls.append(args))
     return calls
 
 

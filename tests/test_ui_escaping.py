@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from ui_support import element_strings, fast_page, live_markup, new_session, texts
 
-from app import render as rd
+from ragspec.web import page_html as rd
 
 BODY = b"# Notes\n\nThe metrics endpoint listens on port 7432 and serves /metrics only.\n"
 

@@ -17,9 +17,9 @@ from ui_support import (
     tiny_model_folder,
 )
 
-from app import ui_models as um
-from app.cli import main
-from app.commands.ui import streamlit_env
+from ragspec.cli import main
+from ragspec.commands.ui import streamlit_env
+from ragspec.web import model_choice as um
 
 
 def test_names_default_to_the_folder_name_or_the_hub_id(tmp_path):

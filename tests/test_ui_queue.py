@@ -24,8 +24,8 @@ from ui_support import (
     wait_for,
 )
 
-from app.answering import ACTIVE
-from app.turns import Turn, TurnQueue, shared_queue
+from ragspec.web.answer_queue import Turn, TurnQueue, shared_queue
+from ragspec.web.answering import ACTIVE
 
 
 class Recorder(Turn):
@@ -111,7 +111,7 @@ def test_a_failing_turn_does_not_stop_the_worker():
 
 @pytest.fixture
 def two_users(tmp_path, monkeypatch):
-    from decoding import engine
+    from ragspec.decoding import engine
 
     forward = engine.forward
 
@@ -177,7 +177,7 @@ def test_second_user_sees_their_place_and_stop_keeps_what_was_written(two_users)
 
 def test_a_side_by_side_answer_is_one_turn(two_users, monkeypatch):
     a, b = two_users
-    from app.answering import AnswerJob
+    from ragspec.web.answering import AnswerJob
 
     order, run = [], AnswerJob.run
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from ui_support import element_strings, new_session, saved_chat, settle, tiny_page
 
-from app import ui_models
-from app.retrieving import NOT_IN_DOCUMENTS
+from ragspec.search import NOT_IN_DOCUMENTS
+from ragspec.web import model_choice as ui_models
 
 # HashEmbedder cosines with the uploaded METRICS_DOC passage: the unrelated question 0.19, the
 # related one 0.67 (HashEmbedder's scale, not the bundled embedder's: the floor is set here).
@@ -78,7 +78,7 @@ def test_floor_zero_answers_even_an_unrelated_question(tmp_path, monkeypatch, mo
 
 
 def test_the_markdown_export_says_not_in_your_documents_and_cites_the_closest_passages():
-    from app.chat_export import chat_markdown
+    from ragspec.web.chat_export import chat_markdown
 
     passage = {"id": "p", "doc_id": "d", "source": "/srv/docs/metrics.md", "page": None,
                "start": 0, "text": "The port is 7432.", "score": 0.12}

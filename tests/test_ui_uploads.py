@@ -14,9 +14,9 @@ from fakes import HashEmbedder
 from filelock import FileLock, Timeout
 from ui_support import fast_page, new_session, texts
 
-from app import uploads
-from retrieval import persist
-from retrieval.store import PassageStore
+from ragspec.retrieval import persist
+from ragspec.retrieval.store import PassageStore
+from ragspec.web import uploads
 
 NOTES_A = b"# Notes\n\nThe metrics endpoint listens on port 7432.\n"
 NOTES_B = b"# Notes\n\nJob logs are kept for 14 days by default.\n"
@@ -154,7 +154,7 @@ def test_removing_an_upload_deletes_our_copy_only(tmp_path, store):
     uploads.ingest_upload(root, "notes.md", NOTES_A, store)
     mine = tmp_path / "mine.md"
     mine.write_bytes(NOTES_B)
-    from retrieval.ingest import ingest_paths
+    from ragspec.retrieval.ingest import ingest_paths
 
     ingest_paths([mine], store)
     for doc in store.documents():

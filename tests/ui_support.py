@@ -18,7 +18,7 @@ from conftest import make_char_tokenizer, make_tiny_model
 from fakes import HashEmbedder
 from markdown_it import MarkdownIt
 
-APP = str(Path(__file__).resolve().parent.parent / "app" / "ui.py")
+APP = str(Path(__file__).resolve().parent.parent / "ragspec" / "web" / "page.py")
 
 
 def tiny_model_folder(path: Path, seed: int = 0) -> Path:
@@ -38,7 +38,7 @@ def fast_page(monkeypatch, home: Path, models: list[list[str]] | None = None,
     """Environment for the page: temporary home, HashEmbedder, the given [name, folder] models."""
     import streamlit as st
 
-    from app import loading as common
+    from ragspec import loading as common
 
     monkeypatch.setenv("RAGSPEC_HOME", str(home))
     monkeypatch.delenv("RAGSPEC_UI_INDEX", raising=False)
@@ -50,7 +50,7 @@ def fast_page(monkeypatch, home: Path, models: list[list[str]] | None = None,
         monkeypatch.setenv("RAGSPEC_UI_MODELS", json.dumps(models))
     else:
         monkeypatch.delenv("RAGSPEC_UI_MODELS", raising=False)
-    monkeypatch.setattr("retrieval.embeddings.Embedder", lambda name=None: HashEmbedder())
+    monkeypatch.setattr("ragspec.retrieval.embeddings.Embedder", lambda name=None: HashEmbedder())
     # A cache of its own for this test, so no other test is handed the HashEmbedder later.
     monkeypatch.setattr(common, "cached_embedder",
                         functools.lru_cache(maxsize=2)(common.cached_embedder.__wrapped__))
@@ -92,7 +92,7 @@ def new_session(timeout: float = 120, min_score: float = 0.0):
 
 def settle(*sessions, timeout: float = 120) -> None:
     """Wait until no answer is queued or running, then rerun each session."""
-    from app.answering import ACTIVE
+    from ragspec.web.answering import ACTIVE
 
     deadline = time.monotonic() + timeout
     while ACTIVE._jobs:
@@ -112,8 +112,8 @@ def wait_for(predicate, timeout: float = 60, what: str = "condition") -> None:
 
 def saved_chat(at) -> dict:
     """The chat the session has open, as saved on disk."""
-    from app import paths
-    from app.chats import ChatStore
+    from ragspec import paths
+    from ragspec.web.chats import ChatStore
 
     return ChatStore(paths.home() / "chats").load(at.query_params["chat"])
 

@@ -1,0 +1,1 @@
+"""`ragspec bench`: the speed benchmark, its summary and plots, and the llama.cpp anchor."""

@@ -1,0 +1,124 @@
+"""Aggregating `ragspec bench` results: speedups per question, medians per kind of question,
+and the summary as a text table. Plain dicts in (the results object's "questions" entries),
+plain dicts and text out.
+
+speedup = a method's tokens_per_s over its baseline's on the same question (BASELINE: the engine
+methods over greedy, hf_pld over hf_greedy, llamacpp_pld over llamacpp: each tool against its
+own plain decoding). The ratios compare ragspec with what users would otherwise run, question by
+question, end to end: ragspec's tokens/s over llama.cpp's greedy and over transformers' generate.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from ragspec.bench.runner import BASELINE, KINDS, METHODS
+
+
+def entry_speedup(entry: dict, method: str, metric: str = "tokens_per_s") -> float | None:
+    base = entry["results"][BASELINE[method]][metric]
+    mine = entry["results"][method][metric]
+    return mine / base if base else None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _method_summary(entries: list[dict], method: str) -> dict:
+    runs = [e["results"][method] for e in entries]
+    speedups = [s for s in (entry_speedup(e, method) for e in entries) if s is not None]
+    decode = [s for s in (entry_speedup(e, method, "decode_tokens_per_s") for e in entries)
+              if s is not None]
+    drafted = [r["drafted_tokens"] for r in runs]
+    accept_rate = None
+    if runs and None not in drafted and sum(drafted) > 0:
+        accept_rate = sum(r["accepted_tokens"] for r in runs) / sum(drafted)
+    histogram: dict[int, int] = {}
+    for r in runs:
+        for length, count in r.get("accepted_lengths", {}).items():
+            histogram[int(length)] = histogram.get(int(length), 0) + count
+    steps = sum(histogram.values())
+    return {
+        "median_speedup": _median(speedups),
+        "min_speedup": min(speedups) if speedups else None,
+        "median_decode_speedup": _median(decode),
+        "median_tokens_per_s": _median([r["tokens_per_s"] for r in runs]),
+        "median_ttft_seconds": _median([r["ttft_seconds"] for r in runs]),
+        "accept_rate": accept_rate,
+        "mean_accepted_length": sum(a * n for a, n in histogram.items()) / steps if steps else None,
+        "all_identical": _all_identical([r["identical_to_greedy"] for r in runs]),
+    }
+
+
+def _all_identical(flags: list[bool | None]) -> bool | None:
+    """None when nothing was compared (no runs, or the reference method did not run)."""
+    return None if not flags or None in flags else all(flags)
+
+
+RATIOS = (("ragspec", "llamacpp"), ("ragspec", "hf_greedy"), ("greedy", "llamacpp"))
+
+
+def summarize(entries: list[dict], methods: Sequence[str] = METHODS) -> dict:
+    """{KIND: {METHOD: stats}} for "copy", "open" and "all" (stats are null for an empty kind)."""
+    summary = {}
+    for kind in (*KINDS, "all"):
+        chosen = [e for e in entries if kind == "all" or e["kind"] == kind]
+        summary[kind] = {m: _method_summary(chosen, m) for m in methods}
+    return summary
+
+
+def ratios(entries: list[dict], methods: Sequence[str]) -> dict:
+    """{KIND: {"A/B": {"median", "min"}}}: A's end-to-end tokens/s over B's, per question."""
+    out = {}
+    for kind in (*KINDS, "all"):
+        chosen = [e for e in entries if kind == "all" or e["kind"] == kind]
+        out[kind] = {}
+        for a, b in RATIOS:
+            if a in methods and b in methods:
+                values = [e["results"][a]["tokens_per_s"] / e["results"][b]["tokens_per_s"]
+                          for e in chosen if e["results"][b]["tokens_per_s"]]
+                out[kind][f"{a}/{b}"] = {"median": _median(values),
+                                         "min": min(values) if values else None}
+    return out
+
+
+def build_results(model: str, device: str, max_new_tokens: int, entries: list[dict],
+                  repeats: int = 1) -> dict:
+    methods = list(entries[0]["results"]) if entries else list(METHODS)
+    return {"model": model, "device": device, "max_new_tokens": max_new_tokens,
+            "repeats": repeats, "methods": methods, "questions": entries,
+            "summary": summarize(entries, methods), "ratios": ratios(entries, methods)}
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def format_table(results: dict) -> str:
+    """The summary as a fixed-width text table (Markdown-compatible)."""
+    counts = {k: sum(1 for e in results["questions"] if k == "all" or e["kind"] == k)
+              for k in (*KINDS, "all")}
+    header = ("| kind | method | median speedup | min speedup | median decode speedup "
+              "| median tok/s | median first token | accept rate | mean accepted | identical |")
+    lines = [header, "|" + "---|" * 10]
+    for kind, methods in results["summary"].items():
+        if not counts[kind]:
+            continue
+        for method, s in methods.items():
+            ident = {True: "yes", False: "NO", None: "-"}[s["all_identical"]]
+            lines.append(
+                f"| {kind} (n={counts[kind]}) | {method} | {_fmt(s['median_speedup'], '.2f', '×')} "
+                f"| {_fmt(s['min_speedup'], '.2f', '×')} "
+                f"| {_fmt(s['median_decode_speedup'], '.2f', '×')} "
+                f"| {_fmt(s['median_tokens_per_s'], '.1f')} "
+                f"| {_fmt(s['median_ttft_seconds'], '.2f', ' s')} "
+                f"| {_fmt(s['accept_rate'], '.0%')} "
+                f"| {_fmt(s['mean_accepted_length'], '.2f')} | {ident} |")
+    for kind, pairs in results.get("ratios", {}).items():
+        for name, r in pairs.items():
+            if counts[kind] and r["median"] is not None:
+                lines.append(f"{kind}: {name} tokens/s median {r['median']:.2f}×, "
+                             f"min {r['min']:.2f}×")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""`ragspec ask`: answer a question from the index, accepted drafts highlighted, optionally
+against the speculation-off baseline."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import click
+
+from ragspec.commands.common import (
+    build_config,
+    draft_options,
+    generator_from_options,
+    index_option,
+    min_score_option,
+    model_options,
+    open_store,
+    sampling_options,
+    search_mode_option,
+)
+from ragspec.retrieval.errors import RetrievalError
+from ragspec.terminal import printable, render_spans, stats_line
+
+
+@click.command()
+@click.argument("question")
+@click.option("-k", "k", default=4, show_default=True, type=click.IntRange(1, 50),
+              help="Passages retrieved and put into the prompt.")
+@click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Longest answer, in tokens.")
+@click.option("--compare", is_flag=True,
+              help="Also answer with speculation off first, and print both speeds.")
+@search_mode_option
+@min_score_option
+@index_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@sampling_options
+@draft_options
+@model_options
+def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_json,
+        temperature, top_p, top_k, seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec,
+        device, exact):
+    """Answer QUESTION from your indexed documents.
+
+    The top-k passages go into the prompt, numbered; the answer streams with the spans that were
+    copied from them (accepted drafts) highlighted, followed by the passages used. When no
+    passage reaches --min-score, no answer is generated (the model is not even loaded): ask says
+    that the documents do not appear to hold the answer and shows the closest passages.
+    --json prints {"answer": {...as generate --json...}|null, "passages": [...],
+    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}.
+
+    \b
+    Example:
+      ragspec ask "Which port does the metrics endpoint use?" --compare
+    """
+    if not question.strip():
+        raise click.UsageError("the question is empty")
+    if compare and no_spec:
+        raise click.UsageError("--compare already runs without speculation; drop --no-spec")
+    config = build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
+                          max_ngram, max_draft)
+    store = open_store(index, require_documents=True)
+    from ragspec.search import retrieve
+
+    try:
+        retrieval = retrieve(store, question, k=k, search=search_mode, min_score=min_score)
+    except (RetrievalError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if retrieval.refused:
+        _print_refusal(retrieval, as_json)
+        return
+    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
+
+    from ragspec.pipeline import Pipeline, PipelineConfig
+
+    pipeline = Pipeline(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens,
+                                                   search=search_mode, min_score=min_score))
+    try:
+        prepared = pipeline.prepare_retrieved(retrieval)
+        streams = []
+        if compare:
+            off = replace(config, draft=replace(config.draft, enabled=False))
+            streams.append(("speculation off", pipeline.stream(prepared, off)))
+        streams.append(("speculation on" if compare else "", pipeline.stream(prepared, config)))
+    except (RetrievalError, ValueError) as exc:  # a missing embedder, a question too long...
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        _print_json(question, prepared, streams, loaded.name, retrieval)
+    else:
+        _print_text(prepared, streams, config.sampling.greedy)
+
+
+def _print_refusal(retrieval, as_json: bool) -> None:
+    """The "not in your documents" reply: the message and the closest passages."""
+    from ragspec.search import hits_to_dicts
+
+    passages = hits_to_dicts(retrieval.hits)
+    if as_json:
+        click.echo(json.dumps({
+            "answer": None, "passages": passages, "baseline": None,
+            "question": retrieval.question, "standalone_question": retrieval.standalone_question,
+            "model": None, **retrieval.to_dict(),
+        }))
+        return
+    from rich.console import Console
+    from rich.markup import escape
+
+    from ragspec.describe import passage_label
+
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"[bold]{escape(retrieval.to_dict()['message'])}[/]")
+    console.print(f"[dim]best similarity {retrieval.best_score:.2f}, below the floor "
+                  f"{retrieval.min_score:.2f} (--min-score; 0 turns it off)[/]")
+    for i, (hit, p) in enumerate(zip(retrieval.hits, passages, strict=True)):
+        label = printable(passage_label(i, hit.passage))
+        console.print(f" {escape(label)} (char {p['start']}) score {p['score']:.2f}")
+        console.print(f"   {escape(printable(' '.join(hit.passage.text.split())[:300]))}")
+
+
+def _print_json(question, prepared, streams, model_name: str, retrieval) -> None:
+    from ragspec.describe import seconds_speedup
+    from ragspec.pipeline import passages_to_dicts
+
+    results = [s.result() for _, s in streams]
+    compare = len(results) > 1
+    out = {
+        "answer": results[-1].to_dict(),
+        "passages": passages_to_dicts(prepared, results[-1].spans),
+        "baseline": results[0].to_dict() if compare else None,
+        "question": question,
+        "standalone_question": prepared.standalone_question,
+        "model": model_name,
+        **retrieval.to_dict(),
+    }
+    if compare:
+        out["speedup"] = seconds_speedup(results[0].stats.seconds, results[1].stats.seconds)
+        out["identical"] = results[0].token_ids == results[1].token_ids
+    click.echo(json.dumps(out))
+
+
+def _print_text(prepared, streams, greedy: bool) -> None:
+    """Stream each answer to the terminal, then the comparison and the passages used."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from ragspec.describe import identical_verdict, passage_label, seconds_speedup
+    from ragspec.pipeline import passages_to_dicts
+
+    console = Console(highlight=False, soft_wrap=True)
+    results = []
+    for label, stream in streams:
+        if label:
+            console.print(f"[bold]── {label} ──[/]")
+        for span in stream:
+            render_spans([span], console)
+        console.print()
+        results.append(stream.result())
+        console.print(f"[dim]{stats_line(results[-1].stats)}[/]")
+    if len(results) > 1:
+        base, spec = results
+        _, verdict = identical_verdict(base.token_ids, spec.token_ids, greedy)
+        console.print(f"speedup {seconds_speedup(base.stats.seconds, spec.stats.seconds):.2f}× · "
+                      f"{verdict}")
+    console.print("[dim][black on green]highlighted[/] = accepted drafts copied from the "
+                  "passages[/]")
+    console.print("[bold]Passages[/]")
+    for i, p in enumerate(passages_to_dicts(prepared, results[-1].spans)):
+        copied = sum(e - s for s, e in p["copied"])
+        score = f" score {p['score']:.2f}" if p["score"] is not None else ""
+        label = printable(passage_label(i, prepared.passages[i]))
+        console.print(f" {escape(label)} (char {p['start']}){score} · {copied} characters copied")
+
+
+COMMANDS = [ask]

@@ -1,0 +1,153 @@
+"""`ragspec bench`: time ragspec against greedy, transformers' prompt lookup and an oracle drafter.
+
+The logic lives in ragspec.bench.runner (running), ragspec.bench.summary (aggregating) and ragspec.bench.plot
+(the figure); this module parses options and reports. Progress goes to stderr, results to
+stdout (a table, or the results object with --json). Exit status: 0 on success, 1 when some
+input failed (the questions file, a corpus file, a question's prompt; each is named), 2 on bad
+usage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ragspec.bench import runner as core
+from ragspec.bench import summary as summary
+from ragspec.bench.llamacpp import LLAMACPP_METHODS
+
+
+def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) -> core.Setup:
+    """ragspec.bench.runner.build_setup with errors as one clear line (tests replace this)."""
+    from ragspec.decoding.model import ModelNotFound
+    from ragspec.retrieval.errors import RetrievalError
+
+    try:
+        return core.build_setup(model, corpus, index, questions, max_new_tokens,
+                                log=lambda message: click.echo(message, err=True),
+                                llamacpp=llamacpp)
+    except (ModelNotFound, RetrievalError, core.BenchInputError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("bench")
+@click.option("--corpus", required=True, metavar="DIR",
+              type=click.Path(exists=True, file_okay=False, dir_okay=True),
+              help="Folder of documents to ingest and answer from.")
+@click.option("--questions", "questions_file", required=True, metavar="FILE.jsonl",
+              type=click.Path(exists=True, dir_okay=False),
+              help='One {"id", "question", "kind": "copy"|"open"} object per line.')
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1),
+              help="New tokens per answer (every method stops there or at EOS).")
+@click.option("--model", default=None, metavar="M",
+              help="Model folder or Hugging Face id in the local cache (default: bundled).")
+@click.option("--limit", default=None, type=click.IntRange(min=1), metavar="N",
+              help="Only the first N questions.")
+@click.option("--index", default=None, metavar="DIR",
+              type=click.Path(file_okay=False, dir_okay=True),
+              help="Reuse this index (the corpus is ingested into it; unchanged files are "
+                   "skipped) instead of a temporary one.")
+@click.option("--out", default=None, metavar="FILE", type=click.Path(dir_okay=False),
+              help="Write results.json here.")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png",
+              type=click.Path(dir_okay=False),
+              help="Write a PNG: speedup per question per method, accepted-length histogram.")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1),
+              metavar="N",
+              help="Run every method N times per question and keep each one's fastest run "
+                   "(steadier numbers on a shared machine; N times as long).")
+@click.option("--llamacpp/--no-llamacpp", default=None,
+              help="Also run llama.cpp on the same GGUF file (llamacpp, llamacpp_pld); default: "
+                   "when llama-cpp-python is installed (`make bench-anchors`) and the model "
+                   "comes from a GGUF file.")
+@click.option("--methods", default=None, metavar="M,M...",
+              help="Run only these methods (and their baselines; greedy always). Without a "
+                   "method's reference (hf_greedy for greedy) its identity is not checked.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
+def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
+          limit: int | None, index: str | None, out: str | None, plot_path: str | None,
+          repeats: int, llamacpp: bool | None, methods: str | None, as_json: bool) -> None:
+    """Benchmark ragspec against greedy decoding, transformers' prompt lookup and an oracle.
+
+    Ingests DIR, builds each question's prompt with the real pipeline, then runs on every
+    question, interleaved and after a warm-up: greedy (the engine, no speculation), ragspec,
+    hf_greedy (model.generate as transformers runs it: fp32, its own attention), hf_pld
+    (model.generate with prompt_lookup_num_tokens=10), oracle (the engine drafting the true
+    greedy continuation) and, with llama-cpp-python installed, llamacpp and llamacpp_pld (the
+    same GGUF file). Speedups are tokens/s (prefill included) over each tool's own greedy on the
+    same question; the ratios compare ragspec with llama.cpp and transformers directly.
+    """
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    try:
+        if chosen is not None:  # unknown names fail before the model loads
+            core.select_methods(chosen, core.METHODS + LLAMACPP_METHODS)
+    except core.BenchInputError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        questions = core.load_questions(questions_file, limit)
+    except core.BenchInputError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if llamacpp is None and chosen is not None and not set(chosen) & set(LLAMACPP_METHODS):
+        llamacpp = False  # none of its methods will run: do not load llama.cpp at all
+    setup = build_setup(model, corpus, index, questions, max_new_tokens, llamacpp)
+    for failure in setup.failures:
+        click.echo(f"warning: {failure}", err=True)
+    if not setup.prepared:
+        raise click.ClickException("no question could be prepared; nothing to benchmark")
+    try:
+        runner = core.Runner(setup.generator, anchors=setup.anchors,
+                             methods=chosen)
+    except core.BenchInputError as exc:
+        raise click.UsageError(str(exc)) from exc
+    entries = _run_with_progress(runner, setup, max_new_tokens, repeats)
+    results = summary.build_results(setup.model_name, setup.device, max_new_tokens, entries,
+                                    repeats)
+    _report(results, setup, out, plot_path, as_json)
+    if setup.failures:
+        click.echo(f"{len(setup.failures)} input(s) failed: "
+                   + "; ".join(setup.failures), err=True)
+        sys.exit(1)
+
+
+def _run_with_progress(runner: core.Runner, setup: core.Setup, max_new_tokens: int,
+                       repeats: int) -> list[dict]:
+    total = len(setup.prepared) * len(runner.methods) * repeats
+    with click.progressbar(length=total, label="Benchmarking", show_pos=True, show_eta=True,
+                           item_show_func=lambda item: item,
+                           file=click.get_text_stream("stderr")) as bar:
+        bar.update(0, "warm-up")
+        return core.run_bench(runner, setup.prepared, max_new_tokens,
+                              progress=lambda q, m: bar.update(1, f"{q.id} {m}"),
+                              repeats=repeats)
+
+
+def _report(results: dict, setup: core.Setup, out: str | None, plot_path: str | None,
+            as_json: bool) -> None:
+    if out:
+        _write(out, lambda path: open(path, "w", encoding="utf-8").write(
+            json.dumps(results, indent=1, ensure_ascii=False) + "\n"))
+    if plot_path:
+        from ragspec.bench.plot import plot
+
+        _write(plot_path, lambda path: plot(results, path))
+    if as_json:
+        click.echo(json.dumps(results, indent=1, ensure_ascii=False))
+        return
+    repeats = results["repeats"]
+    click.echo(f"{setup.model_name} on {setup.device}, {results['max_new_tokens']} new tokens, "
+               f"{len(results['questions'])} questions"
+               + (f", fastest of {repeats} runs each" if repeats > 1 else ""))
+    click.echo(summary.format_table(results))
+
+
+def _write(path: str, writer) -> None:
+    try:
+        writer(path)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {path}: {exc.strerror or exc}") from exc
+    click.echo(f"wrote {path}", err=True)
+
+
+COMMANDS = [bench]

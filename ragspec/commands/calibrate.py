@@ -1,0 +1,99 @@
+"""`ragspec calibrate`: measure (or show) this machine's forward-cost curve for a model."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ragspec import paths
+from ragspec.commands.common import json_option, model_options
+
+
+@click.command("calibrate")
+@click.option("--show", is_flag=True,
+              help="Print the cached curve and where it came from; measure nothing.")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png",
+              type=click.Path(dir_okay=False), help="Also draw the curve into a PNG.")
+@click.option("--max-draft", default=16, show_default=True, type=click.IntRange(1, 64),
+              help="Measure forwards over 1 to max-draft + 1 tokens.")
+@model_options
+@json_option
+def calibrate(show, plot_path, max_draft, model_spec, device, exact, as_json):
+    """Measure what a forward over n new tokens costs here, for the draft policy.
+
+    A verify step over a draft of k tokens is a forward over k + 1 tokens; on a CPU it costs
+    more than a one-token step, and how much more decides how long a draft pays. The curve is
+    measured once per model, device, dtype and thread count (interleaved rounds, a low quantile
+    of each size) and cached next to the converted models; a measurement disturbed by other
+    work on the machine is used but not cached. Run this on an idle machine to refresh it.
+    """
+    from ragspec.decoding import calibrate as cal
+    from ragspec.decoding.model import ModelNotFound, load_model
+
+    cache = paths.models_dir()
+    try:
+        loaded = load_model(model_spec, cache, device=device, exact=exact)
+    except ModelNotFound as exc:
+        raise click.ClickException(str(exc)) from exc
+    key = cal.cost_key(loaded.model, loaded.device, loaded.dtype)
+    if show:
+        calibration = cal.cached(loaded.model, loaded.device, loaded.dtype, cache)
+        if calibration is None:
+            raise click.ClickException(
+                f"no curve cached for {key} in {cache / cal.COSTS_FILE}; run `ragspec calibrate`")
+        saved = True
+    else:
+        if not as_json:
+            click.echo(f"Measuring {max_draft + 1} sizes x {cal.ROUNDS} rounds...", err=True)
+        calibration = cal.measure_and_save(loaded.model, loaded.device, loaded.dtype,
+                                           max_draft + 1, cache)
+        saved = not calibration.noisy
+    if plot_path:
+        _plot(calibration, key, plot_path)
+    if as_json:
+        click.echo(json.dumps({"key": key, "file": str(cache / cal.COSTS_FILE), "saved": saved,
+                               **calibration.to_dict()}))
+        return
+    _print(calibration, key, cache / cal.COSTS_FILE, saved)
+
+
+def _print(calibration, key: str, path, saved: bool) -> None:
+    from ragspec.decoding.calibrate import MAX_SPREAD
+
+    click.echo(f"{key}\nmeasured {calibration.measured_at}, {calibration.rounds} rounds after "
+               f"{calibration.context} cached tokens, spread {calibration.spread:.0%}")
+    if saved:
+        click.echo(f"cached in {path}")
+    else:
+        click.echo(f"not cached: the spread is over {MAX_SPREAD:.0%}, so the machine was busy; "
+                   f"measure again when it is idle")
+    base = calibration.seconds[0]
+    click.echo(f"{'tokens':>6}  {'ms':>7}  {'x c(1)':>6}")
+    for n, seconds in enumerate(calibration.seconds, 1):
+        click.echo(f"{n:>6}  {1000 * seconds:>7.1f}  {seconds / base:>6.2f}")
+
+
+def _plot(calibration, key: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = range(1, len(calibration.seconds) + 1)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(sizes, [1000 * s for s in calibration.seconds], marker="o")
+    ax.set_xlabel("tokens in the forward (draft length + 1)")
+    ax.set_ylabel("ms per forward")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{key}\n{calibration.measured_at}, spread {calibration.spread:.0%}", fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {path}: {exc.strerror or exc}") from exc
+    finally:
+        plt.close(fig)
+
+
+COMMANDS = [calibrate]

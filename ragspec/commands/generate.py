@@ -1,0 +1,101 @@
+"""`ragspec generate`: run the speculative generator on a prompt, show which spans were drafts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ragspec.commands.common import (
+    build_config,
+    draft_options,
+    generator_from_options,
+    model_options,
+    sampling_options,
+)
+from ragspec.terminal import render_spans, stats_line
+
+MAX_PROMPT_FILE_BYTES = 4 * 1024 * 1024
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    if prompt_file is not None:
+        path = Path(prompt_file)
+        try:
+            if path.stat().st_size > MAX_PROMPT_FILE_BYTES:
+                raise click.ClickException(f"{prompt_file}: larger than 4 MiB; not a prompt")
+            prompt = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.ClickException(f"{prompt_file}: not UTF-8 text") from exc
+        except OSError as exc:
+            raise click.ClickException(f"cannot read {prompt_file}: {exc.strerror}") from exc
+    if not prompt.strip():
+        raise click.UsageError("the prompt is empty")
+    return prompt
+
+
+@click.command()
+@click.option("--prompt", default=None, metavar="TEXT", help="The prompt text.")
+@click.option("--prompt-file", default=None, metavar="FILE", help="Read the prompt from a file.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=int,
+              help="Stop after this many new tokens (never more).")
+@click.option("--raw", is_flag=True, help="Use the prompt as is, without the chat template.")
+@click.option("--stop", multiple=True, metavar="STR", help="Stop when this string appears (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@sampling_options
+@draft_options
+@model_options
+def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperature, top_p, top_k,
+             seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec, device, exact):
+    """Generate a continuation of a prompt with n-gram speculation.
+
+    Drafts are copied from the prompt and the output so far and verified by the model in one
+    forward; with greedy decoding (the default) the output is token-for-token what the model
+    alone writes. Accepted drafts are highlighted; a stats line follows on stderr.
+
+    \b
+    Example:
+      ragspec generate --prompt-file data/prompts/library.txt --max-new-tokens 96
+    """
+    if max_new_tokens < 1:
+        raise click.UsageError("--max-new-tokens must be at least 1")
+    text = read_prompt(prompt, prompt_file)
+    config = build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
+                          max_ngram, max_draft, stop)
+    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
+
+    from ragspec.decoding.model import chat_prompt_ids
+
+    if raw:
+        prompt_ids = loaded.tokenizer(text)["input_ids"]
+    else:
+        prompt_ids = chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": text}])
+    try:
+        stream = gen.stream(prompt_ids, config)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+    if as_json:
+        result = stream.result()
+        out = result.to_dict()
+        out["model"] = loaded.name
+        out["device"] = str(loaded.device)
+        click.echo(json.dumps(out))
+        return
+
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=True)
+    for span in stream:
+        render_spans([span], console)
+    console.print()
+    err = Console(stderr=True, highlight=False)
+    err.print(f"[dim]{stats_line(stream.stats)} · [black on green]highlighted[/] = accepted drafts[/]")
+    sys.stdout.flush()
+
+
+COMMANDS = [generate]

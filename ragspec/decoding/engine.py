@@ -1,0 +1,343 @@
+"""The speculative generator: prefill once, then propose ► verify ► accept until done.
+
+Contract: works on token ids in, Spans and GenerationStats out; batch size 1. With greedy
+sampling the token ids equal `model.generate(do_sample=False)` for the same model and prompt,
+speculation on or off (up to fp32 rounding of a k-token forward against k one-token forwards;
+see README "Exactness"). With sampling, drafts are accepted by the point-mass rule in
+ragspec.decoding.sampling, which leaves the output distribution unchanged.
+
+One step, with the KV cache holding every token but the last:
+    propose  the n-gram index suggests k draft tokens copied from earlier in the sequence;
+             the policy decides how many of them are worth a forward (0 = plain decoding).
+    verify   one forward over [last, d1..dk] (shape (1, k+1)) gives logits for k+1 positions.
+    accept   the longest agreeing draft prefix plus one token of the model's own; the cache is
+             cropped back to drop the rejected positions.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+
+import torch
+
+from ragspec.decoding.cache import crop_cache, new_cache
+from ragspec.decoding.calibrate import CostWatch
+from ragspec.decoding.ngram import Match, NgramIndex
+from ragspec.decoding.policy import DraftPolicy, ForwardCost
+from ragspec.decoding.provenance import locate_origin
+from ragspec.decoding.quant import int4_token_limit
+from ragspec.decoding.sampling import accept_greedy, accept_sampled, next_token
+from ragspec.decoding.text import SpanText
+from ragspec.decoding.types import (
+    GenerationConfig,
+    GenerationResult,
+    GenerationStats,
+    SamplingConfig,
+    SourceRegion,
+    Span,
+)
+
+
+class Generator:
+    """Speculative n-gram generation over one loaded causal LM (not thread-safe: one at a time)."""
+
+    def __init__(self, model, tokenizer, *, eos_token_ids: Sequence[int] = (),
+                 cost: ForwardCost | None = None,
+                 recalibrate: Callable[[], ForwardCost | None] | None = None,
+                 speculation_off_reason: str | None = None):
+        """cost: this machine's forward-cost curve (None: every forward costs the same).
+        recalibrate: measures the curve again (None when the curve is not this machine's);
+            called when live step times disagree with `cost` twice in a row (CostWatch),
+            returns the new curve, or None when the machine was too busy to measure.
+        speculation_off_reason: set for models whose cache cannot be rolled back
+            (ragspec.decoding.model): every stream then decodes without drafts."""
+        self.model = model
+        self.speculation_off_reason = speculation_off_reason
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.eos_token_ids = set(int(t) for t in eos_token_ids)
+        if not self.eos_token_ids and tokenizer.eos_token_id is not None:
+            self.eos_token_ids = {int(tokenizer.eos_token_id)}
+        self.cost = cost
+        self.recalibrate = recalibrate
+        self.watch = CostWatch()
+        self._strikes = 0  # consecutive checks in which live step times disagreed with the curve
+        self._policies: dict = {}  # DraftConfig -> DraftPolicy; learning persists across calls
+
+    @classmethod
+    def from_loaded(cls, loaded, cost: ForwardCost | None = None, recalibrate=None) -> Generator:
+        return cls(loaded.model, loaded.tokenizer, eos_token_ids=sorted(loaded.eos_token_ids),
+                   cost=cost, recalibrate=recalibrate,
+                   speculation_off_reason=getattr(loaded, "speculation_off_reason", None))
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def stream(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, *,
+               sources: Sequence[SourceRegion] = (),
+               forced_drafts: Sequence[int] | None = None) -> GenerationStream:
+        """Generate from prompt_ids, yielding Spans as they are accepted.
+
+        sources: prompt regions that came from passages, so drafts copied from them carry the
+            passage and character range in their origin.
+        forced_drafts: bypass the drafter: at each step draft the next tokens of this sequence
+            (from the current output length on), max_draft at a time. For the oracle benchmark
+            (the true continuation) and for testing the accept rule with arbitrary drafts.
+        """
+        config = config or GenerationConfig()
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(prompt) + config.max_new_tokens > self.context_length:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds "
+                f"the model's context of {self.context_length} tokens; shorten the prompt or lower "
+                f"max_new_tokens"
+            )
+        if self.speculation_off_reason and config.draft.enabled:
+            config = replace(config, draft=replace(config.draft, enabled=False))
+            forced_drafts = None
+        limit = int4_token_limit(self.model)
+        if config.draft.enabled and limit is not None and config.draft.max_draft + 1 > limit:
+            raise ValueError(
+                f"max_draft {config.draft.max_draft} is too long for this model's 4-bit layers: "
+                f"a verify forward of more than {limit} tokens runs their fp32 weights; use "
+                f"max_draft <= {limit - 1}"
+            )
+        return GenerationStream(self, prompt, config, tuple(sources), forced_drafts)
+
+    def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
+                 **kwargs) -> GenerationResult:
+        return self.stream(prompt_ids, config, **kwargs).result()
+
+    def policy_for(self, config: GenerationConfig) -> DraftPolicy:
+        key = config.draft
+        if key not in self._policies:
+            self._policies[key] = DraftPolicy(key, self.cost or ForwardCost.flat(key.max_draft + 1))
+        return self._policies[key]
+
+    def policy_state(self) -> dict:
+        """A copy of what the draft policies have learned so far (for restore_policy_state)."""
+        return copy.deepcopy(self._policies)
+
+    def restore_policy_state(self, state: dict) -> None:
+        """Forget what was learned since policy_state() returned `state`."""
+        self._policies = copy.deepcopy(state)
+
+    def check_cost(self) -> bool:
+        """After a generation: re-measure the cost curve when live step times have disagreed
+        with its shape in two verdicts in a row, each on fresh samples (a generation too short
+        to tell changes nothing). True when the curve changed."""
+        if self.cost is None or self.recalibrate is None:
+            return False
+        verdict = self.watch.verdict(self.cost)
+        if verdict is None:
+            return False
+        self.watch.reset()
+        if not verdict:
+            self._strikes = 0
+            return False
+        self._strikes += 1
+        if self._strikes < 2:
+            return False
+        self._strikes = 0
+        fresh = self.recalibrate()
+        if fresh is None:
+            return False
+        self.cost = fresh
+        for policy in self._policies.values():
+            policy.cost = fresh
+        return True
+
+@dataclass
+class Step:
+    """What one forward produced: `accepted` draft tokens copied from `origin`, then the model's
+    own token. `drafted` is the draft length that was verified (0: a plain step; None: the
+    prefill, which is not a decode forward)."""
+
+    tokens: list[int]
+    accepted: int = 0
+    drafted: int | None = None
+    origin: int | None = None
+
+
+@torch.inference_mode()
+def forward(model, ids: list[int], cache, logits_to_keep: int = 0) -> torch.Tensor:
+    """ids: n new tokens -> logits (n, or logits_to_keep, vocab) in fp32 on the model's device;
+    the cache grows by n positions."""
+    x = torch.tensor([ids], dtype=torch.long, device=model.device)
+    out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+    return out.logits[0].float()
+
+
+class GenerationStream:
+    """Iterate for Spans; `.stats`, `.token_ids` and `.text` are final once iteration ends."""
+
+    def __init__(self, gen: Generator, prompt: list[int], config: GenerationConfig,
+                 sources: tuple[SourceRegion, ...], forced: Sequence[int] | None):
+        self.gen = gen
+        self.prompt_ids = prompt
+        self.config = config
+        self.forced = forced
+        self.token_ids: list[int] = []
+        self.spans: list[Span] = []
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self._text = SpanText(gen.tokenizer, config.stop_strings,
+                              locate=partial(locate_origin, prompt_length=len(prompt),
+                                             sources=sources))
+        self._rng = _sampling_rng(config.sampling, gen.device)
+        self._policy = (gen.policy_for(config)
+                        if config.draft.enabled and forced is None else None)
+        self._index = NgramIndex(prompt, min_n=config.draft.min_ngram,
+                                 max_n=config.draft.max_ngram)
+        self._cache = None
+        self._stop_requested = False
+        self._iter = self._run()
+
+    def __iter__(self) -> Iterator[Span]:
+        return self
+
+    def __next__(self) -> Span:
+        return next(self._iter)
+
+    def stop(self) -> None:
+        """Ask the generation to end at its next step, keeping what was written (stop_reason
+        "stopped"). Safe to call from another thread, e.g. a UI's Stop button."""
+        self._stop_requested = True
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    def result(self) -> GenerationResult:
+        for _ in self:
+            pass
+        return GenerationResult(
+            prompt_token_ids=list(self.prompt_ids),
+            token_ids=list(self.token_ids),
+            text=self.text,
+            spans=list(self.spans),
+            stats=self.stats,
+        )
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _run(self) -> Iterator[Span]:
+        stats = self.stats
+        clock = time.perf_counter()
+        step = self._prefill()
+        stats.prefill_seconds = stats.ttft_seconds = time.perf_counter() - clock
+        busy = stats.prefill_seconds  # engine time; what the consumer does between spans is not
+        while True:
+            spans, done = self._commit(step)
+            busy += time.perf_counter() - clock
+            stats.decode_seconds = busy - stats.prefill_seconds
+            yield from spans
+            if done:
+                self.gen.check_cost()
+                return
+            if self._stop_requested:
+                yield from self._stopped()
+                return
+            clock = time.perf_counter()
+            match, draft = self._propose()
+            logits = self._verify(draft)
+            step = self._accept(logits, match, draft)
+            if self._policy is not None:  # the step's cost, as calibrate measures it
+                self.gen.watch.observe(len(draft) + 1, time.perf_counter() - clock)
+
+    def _prefill(self) -> Step:
+        self._cache = new_cache(self.gen.model)
+        logits = forward(self.gen.model, self.prompt_ids, self._cache, logits_to_keep=1)
+        return Step([next_token(logits[-1], self.config.sampling, self._rng)])
+
+    def _propose(self) -> tuple[Match | None, list[int]]:
+        """A match from the drafter (or the forced sequence) and the draft worth verifying."""
+        cfg = self.config
+        if not cfg.draft.enabled:
+            return None, []
+        remaining = cfg.max_new_tokens - self.stats.new_tokens
+        if self.forced is not None:
+            tokens = list(self.forced[len(self.token_ids) : len(self.token_ids) + cfg.draft.max_draft])
+            match = Match(n=0, extended=0, origin=len(self._index), tokens=tokens)
+            return match, tokens[: max(0, remaining - 1)]
+        match = self._index.propose(cfg.draft.max_draft)
+        k = self._policy.choose(match, remaining) if self._policy else 0
+        return match, (match.tokens[:k] if k > 0 else [])
+
+    def _verify(self, draft: list[int]) -> torch.Tensor:
+        """One forward over [last token, *draft]: logits (len(draft)+1, vocab). The cache held
+        every token but the last."""
+        return forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
+
+    def _accept(self, logits: torch.Tensor, match: Match | None, draft: list[int]) -> Step:
+        sampling = self.config.sampling
+        if sampling.greedy:
+            accepted, token = accept_greedy(logits, draft)
+        else:
+            accepted, token = accept_sampled(logits, draft, sampling, self._rng)
+        if accepted < len(draft):  # drop the rejected draft positions; keep the last token's
+            crop_cache(self._cache, len(self._index) + accepted)
+        if self._policy is not None and draft:
+            self._policy.observe(match, len(draft), accepted)
+        self.stats.forward_passes += 1
+        origin = match.origin if draft and self.forced is None else None
+        return Step([*draft[:accepted], token], accepted, len(draft), origin)
+
+    def _commit(self, step: Step) -> tuple[list[Span], bool]:
+        """Append a step's tokens (up to EOS, a stop string or the limit), count them, and
+        return the spans ready to stream and whether generation is over."""
+        stats, reason = self.stats, ""
+        kept = 0
+        for i, token in enumerate(step.tokens):
+            kept += 1
+            self.token_ids.append(token)
+            self._index.append(token)
+            drafted = i < step.accepted
+            hit = self._text.push(token, drafted, step.origin if drafted else None)
+            reason = ("eos" if token in self.gen.eos_token_ids else "stop_string" if hit
+                      else "max_new_tokens" if len(self.token_ids) >= self.config.max_new_tokens
+                      else "")
+            if reason:
+                break
+        stats.new_tokens += kept
+        if step.drafted is not None:
+            _count_step(stats, step, min(step.accepted, kept))
+        stats.stop_reason = reason
+        spans = self._text.flush(done=bool(reason))
+        self.spans.extend(spans)
+        return spans, bool(reason)
+
+
+    def _stopped(self) -> list[Span]:
+        """End on request: release any text still held back."""
+        self.stats.stop_reason = "stopped"
+        spans = self._text.flush(done=True)
+        self.spans.extend(spans)
+        return spans
+
+
+def _count_step(stats: GenerationStats, step: Step, kept_drafts: int) -> None:
+    """Record one decode forward; only accepted draft tokens that were kept (not cut by EOS, a
+    stop string or the limit) count as accepted."""
+    stats.accepted_per_step.append(kept_drafts)
+    if step.drafted:
+        stats.drafted_tokens += step.drafted
+        stats.accepted_tokens += kept_drafts
+        stats.accepted_lengths[kept_drafts] = stats.accepted_lengths.get(kept_drafts, 0) + 1
+
+
+def _sampling_rng(sampling: SamplingConfig, device: torch.device) -> torch.Generator | None:
+    """The random stream for sampling, on the model's device (None for greedy)."""
+    if sampling.greedy:
+        return None
+    rng = torch.Generator(device=device)
+    rng.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns()))
+    return rng

@@ -1,0 +1,63 @@
+"""Facts about an answer that every front end states the same way: passage labels, the character
+ranges that drafted spans copied, and how a speculation-off run compares with a speculation-on run.
+
+Contract: plain strings and numbers out; no markup (the web page escapes, the terminal prints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+def source_label(passage) -> str:
+    """'faq.md, page 3': the file name, and the page for PDFs."""
+    name = Path(passage.source).name or passage.source
+    page = f", page {passage.page}" if getattr(passage, "page", None) else ""
+    return f"{name}{page}"
+
+
+def passage_label(index: int, passage) -> str:
+    """'[2] faq.md, page 3' for the passage at 0-based index."""
+    return f"[{index + 1}] {source_label(passage)}"
+
+
+def copied_ranges(spans: Iterable) -> dict[int, list[tuple[int, int]]]:
+    """Passage index -> sorted, merged character ranges that drafted spans copied from it."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for span in spans:
+        o = getattr(span, "origin", None)
+        if not span.drafted or o is None or o.source is None or o.char_start is None:
+            continue
+        if o.char_end > o.char_start:
+            ranges.setdefault(o.source, []).append((o.char_start, o.char_end))
+    return {k: merge_ranges(v) for k, v in ranges.items()}
+
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def identical_verdict(baseline_ids: Sequence[int], spec_ids: Sequence[int],
+                      greedy: bool) -> tuple[bool | None, str]:
+    """(identical?, message) comparing the speculation-off and -on answers."""
+    if list(baseline_ids) == list(spec_ids):
+        return True, f"\u2705 Token-identical: both runs wrote the same {len(spec_ids)} tokens."
+    if not greedy:
+        return None, ("\u2139\ufe0f The answers differ, as expected with sampling "
+                      "(temperature > 0): each run draws its own tokens.")
+    pairs = zip(baseline_ids, spec_ids, strict=False)
+    first = next((i for i, (a, b) in enumerate(pairs) if a != b),
+                 min(len(baseline_ids), len(spec_ids)))
+    return False, (f"\u274c Not identical: the answers diverge at token {first} "
+                   f"(a floating-point near-tie; see README, Exactness).")
+
+
+def seconds_speedup(baseline_seconds: float, spec_seconds: float) -> float:
+    return baseline_seconds / spec_seconds if spec_seconds > 0 else 0.0

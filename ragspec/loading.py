@@ -1,0 +1,85 @@
+"""Opening what the app works with: the generator and the passage store.
+
+`load_generator` is the one place that turns `--model` (None for the bundled SmolLM2, a folder, a
+cached hub id) into a loaded model and a Generator that knows this machine's forward-cost curve
+(measured once per model, device and dtype, and cached next to the converted models).
+`open_store` is the one place that opens the index with the embedder RAGSPEC_EMBEDDER names
+(default: the bundled all-MiniLM-L6-v2), loaded once per process. The CLI, the chat page and the
+benchmark all open through here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = ragspec.retrieval.embeddings.ENV_VAR, without importing it
+
+
+def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """Where converted models and forward costs live (see ragspec.paths.models_dir)."""
+    from ragspec import paths
+
+    return paths.models_dir(override)
+
+
+def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
+                   max_draft: int = 16, *, device: str | None = None, exact: bool = False):
+    """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2)."""
+    from ragspec.decoding.model import load_model
+
+    cache = model_cache_dir(cache_dir)
+    loaded = load_model(model, cache, device=device, exact=exact)
+    return loaded, generator_for(loaded, cache, max_draft)
+
+
+def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16):
+    """The Generator for a LoadedModel, with this machine's forward-cost curve (measured on the
+    first use of this model, device and dtype; cached in the model cache, measured again when
+    live step times disagree with it)."""
+    from ragspec.decoding.calibrate import load_or_measure, measure_and_save
+    from ragspec.decoding.engine import Generator
+
+    if loaded.speculation_off_reason is not None:
+        # a model that cannot speculate never uses the curve (nor could measure it)
+        return Generator.from_loaded(loaded)
+    cache = model_cache_dir(cache_dir)
+    sizes = max_draft + 1
+    cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, sizes, cache)
+
+    def recalibrate():
+        fresh = measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes, cache)
+        return None if fresh.noisy else fresh.cost
+
+    return Generator.from_loaded(loaded, cost=cost, recalibrate=recalibrate)
+
+
+def describe_device(loaded) -> str:
+    """'cpu (2 threads, float32)' or 'cuda (NVIDIA ..., bfloat16)' for reports."""
+    import torch
+
+    dtype = str(loaded.dtype).replace("torch.", "")
+    if loaded.device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(loaded.device)}, {dtype})"
+    weights = f"{dtype}, 4-bit decode" if getattr(loaded, "int4", False) else dtype
+    return f"{loaded.device.type} ({torch.get_num_threads()} threads, {weights})"
+
+
+@functools.lru_cache(maxsize=2)
+def cached_embedder(name: str | None):
+    """The embedder `name` (None: RAGSPEC_EMBEDDER or the bundled one), loaded once per process
+    (the chat serves many sessions, tests run many commands)."""
+    from ragspec.retrieval.embeddings import Embedder
+
+    return Embedder(name)
+
+
+def open_store(index: str | os.PathLike | None = None, *, with_embedder: bool = True):
+    """The PassageStore at `index` (default $RAGSPEC_HOME/index); with_embedder=False is enough
+    to list and remove documents (no model is loaded). Raises retrieval's RetrievalError."""
+    from ragspec import paths
+    from ragspec.retrieval.store import PassageStore
+
+    embedder = cached_embedder(os.environ.get(EMBEDDER_ENV) or None) if with_embedder else None
+    return PassageStore.open(paths.index_dir(index), embedder)

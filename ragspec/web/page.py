@@ -1,0 +1,141 @@
+"""The ragspec chat page (Streamlit): `ragspec ui`, or `streamlit run ragspec/web/page.py`.
+
+Page order as in Streamlit's examples: resources, sidebar (chats, documents, settings), session
+state, history replay, the answer being written, then the chat input. The logic lives in
+ragspec.web.answering (the queued answer), ragspec.web.chats (saved chats), ragspec.web.uploads, ragspec.web.model_choice (the
+offered models) and ragspec.web.parts (what each piece shows); this file lays out the page.
+
+The open chat is in the address (`?chat=<id>`), so reloading the page reopens it. Answers run
+in the process's answer queue, not in the page: a rerun, a reload or a closed tab does not end
+one, and it is saved into its chat as it grows.
+
+Environment: RAGSPEC_HOME (data: index/, uploads/, chats/), RAGSPEC_UI_INDEX (index dir
+override), RAGSPEC_UI_MODELS (the offered models, set by `ragspec ui --model`),
+RAGSPEC_UI_MAX_LOADED (most models kept loaded), RAGSPEC_MODEL_CACHE (converted models),
+RAGSPEC_EMBEDDER (embedding model).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+if __package__ in (None, ""):  # streamlit puts ragspec/web/, not the checkout, on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import streamlit as st
+
+from ragspec import paths
+from ragspec.web import answering
+from ragspec.web import model_choice as ui_models
+from ragspec.web import page_html as rd
+from ragspec.web import parts as parts
+from ragspec.web.answer_queue import shared_queue
+from ragspec.web.chats import ChatError, ChatStore, answer_record
+
+# -- resources shared by every browser session of this process ---------------------------------
+
+
+@st.cache_resource(max_entries=4)
+def get_store(index_dir: str, commit: str | None, embedder_name: str | None):
+    # Keyed by the commit on disk, so an ingest by the CLI (or another app process) shows up on
+    # the next page run; opening reads the index files, no embedding.
+    from ragspec.loading import cached_embedder
+    from ragspec.retrieval.store import PassageStore
+
+    return PassageStore.open(index_dir, cached_embedder(embedder_name))
+
+
+def current_store(index_dir: str):
+    from ragspec.loading import EMBEDDER_ENV
+    from ragspec.retrieval import persist
+
+    with st.spinner("Loading the embedding model..."):
+        return get_store(index_dir, persist.current_commit(Path(index_dir)),
+                         os.environ.get(EMBEDDER_ENV) or None)
+
+
+@st.cache_resource
+def get_index_lock() -> threading.Lock:
+    # Uploads, removals and searches share one in-memory store per index: one at a time.
+    return threading.Lock()
+
+
+def open_chat(chats: ChatStore) -> dict | None:
+    """The chat named in the address, if it exists; a stale or malformed id opens a new one."""
+    chat_id = st.query_params.get("chat")
+    if not chat_id:
+        return None
+    try:
+        return chats.load(chat_id)
+    except ChatError:
+        st.query_params.clear()
+        st.warning("That chat no longer exists; this is a new one.")
+        return None
+
+
+# -- page ---------------------------------------------------------------------------------------
+
+st.set_page_config(page_title="ragspec", page_icon="📄", layout="wide")
+st.markdown(rd.STYLE, unsafe_allow_html=True)
+index_lock = get_index_lock()
+index_dir = str(paths.index_dir(os.environ.get("RAGSPEC_UI_INDEX")))
+upload_root = paths.home() / "uploads"
+chats = ChatStore(paths.home() / "chats")
+choices = ui_models.from_env()
+models = ui_models.registry_for(choices, ui_models.max_loaded_from_env(choices))
+
+store = None
+try:
+    store = current_store(index_dir)
+except Exception as exc:  # a damaged index, a missing embedder: say so, keep the page alive
+    st.error(parts.md(f"Cannot open the index: {exc}"))
+
+chat = open_chat(chats)
+chat_id = chat["id"] if chat else None
+
+with st.sidebar:
+    parts.sidebar_chats(chats, chat_id)
+    if store is not None:
+        parts.sidebar_documents(store, index_lock, upload_root)
+    settings = parts.sidebar_settings(models.names)
+
+job = answering.ACTIVE.get(chat_id)
+
+st.title("ragspec")
+st.markdown(rd.legend_html(), unsafe_allow_html=True)
+if store is not None and store.passage_count() == 0:
+    st.info("No documents yet. Upload files in the sidebar (PDF, text, Markdown, HTML, Word), "
+            "or run `ragspec ingest PATH...` in a terminal, then ask a question.")
+
+for i, message in enumerate(chat["messages"] if chat else []):
+    if job is not None and i == job.message_index:
+        continue  # the answer being written: shown live below
+    with st.chat_message(message["role"]):
+        if message["role"] == "user":
+            parts.show_question(message.get("content", ""))
+        else:
+            parts.show_answer(answer_record(message))
+
+if job is not None:
+    with st.chat_message("assistant"):
+        parts.live_answer(chat_id)
+
+if question := st.chat_input("Ask a question about your documents", disabled=job is not None):
+    if not question.strip():
+        st.warning("The question is empty: type a question about your documents.")
+    elif store is None:
+        st.error("The index could not be opened (see the message above).")
+    else:
+        if chat is None:
+            chat = chats.create()
+            st.query_params["chat"] = chat["id"]
+        try:
+            answering.ask(chats, chat["id"], question, settings, store=store, models=models,
+                          queue=shared_queue(), index_lock=index_lock)
+        except ValueError as exc:
+            st.error(parts.md(str(exc)))
+        else:
+            st.rerun()

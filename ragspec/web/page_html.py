@@ -1,0 +1,125 @@
+"""Spans and passages to safe HTML for the Streamlit page (and small helpers the UI and CLI share).
+
+Contract: every user-controlled string (document and model text, file names, error messages,
+model names) goes through `escape_text` before any Streamlit element that renders Markdown. It
+makes the text inert both as HTML (`<`, `>`, `&`, quotes) and as the Markdown Streamlit applies
+(`*`, `_`, `#`, `[`, `$`, `:` ... become character references), so a passage containing
+"<script>" or "**bold**" shows exactly those characters. Two modes:
+  * block (default), for text inside our own one-line HTML that starts with a <div> (answers,
+    passages): Markdown passes such a line through as a raw HTML block; newlines become <br>.
+  * `inline=True`, for Markdown elements (st.error/info/success/warning/caption, button labels
+    and `help=` tooltips, expander labels, progress text): control characters are shown escaped
+    (`\n`, `\x00`), and "://", "www." and "@" get an invisible word joiner, because Streamlit's
+    GitHub-flavoured Markdown turns URL- and e-mail-like text into links after decoding the
+    character references.
+
+Drafted spans are <mark class="rs-draft"> with a `title` (shown on hover) naming the passage and
+character range they were copied from; passages are rendered with their copied ranges marked the
+same way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from ragspec.describe import merge_ranges, passage_label
+from ragspec.terminal import printable
+
+DRAFT_COLOUR = "#ffe38a"
+OWN_COLOUR = "#d5ecff"
+
+# Characters Markdown (and Streamlit's extensions: :emoji:, :red[...], $math$) would interpret.
+_MARKDOWN_CHARS = "\\`*_{}[]()#+-.!|~$:<>&\"'="
+_ENTITIES = {ord(c): f"&#{ord(c)};" for c in _MARKDOWN_CHARS}
+_ENTITIES[ord("\n")] = "<br>"
+_ENTITIES[ord("\r")] = ""
+
+STYLE = f"""<style>
+mark.rs-draft {{ background: {DRAFT_COLOUR}; padding: 0 1px; border-radius: 3px; }}
+.rs-answer, .rs-passage {{ line-height: 1.6; }}
+.rs-passage {{ font-size: 0.9em; border-left: 3px solid #ddd; padding-left: 0.6em; }}
+.rs-legend {{ font-size: 0.85em; color: #555; }}
+</style>"""
+
+
+# What GitHub-flavoured Markdown autolinks in plain text: a scheme's "://", "www." and e-mail
+# addresses. A word joiner (U+2060, invisible, no line break) splits each pattern.
+_AUTOLINK = re.compile(r"(?<=:)(?=//)|(?i:(?<=www)(?=\.))|(?<=@)")
+_JOINER = "\u2060"
+
+
+def escape_text(text: str, *, inline: bool = False) -> str:
+    """Text as inert markup: no tag, entity, link, Markdown or Streamlit directive survives.
+
+    inline=False: for our own HTML blocks (newlines become <br>). inline=True: for Markdown
+    elements and tooltips (control characters shown escaped, autolinks defused).
+    """
+    if inline:
+        text = _AUTOLINK.sub(_JOINER, printable(text))
+    return text.translate(_ENTITIES)
+
+
+def _mark(inner: str, title: str) -> str:
+    return (f'<mark class="rs-draft" style="background:{DRAFT_COLOUR}" '
+            f'title="{escape_text(title)}">{inner}</mark>')
+
+
+
+
+
+
+def span_title(span, passages: Sequence = ()) -> str:
+    """The hover text of a drafted span: where it was copied from."""
+    o = span.origin
+    if o is None:
+        return "accepted draft"
+    if o.source is not None and isinstance(o.source, int) and 0 <= o.source < len(passages):
+        p = passages[o.source]
+        excerpt = p.text[o.char_start : o.char_end]
+        if len(excerpt) > 160:
+            excerpt = excerpt[:157] + "..."
+        return (f"accepted draft copied from {passage_label(o.source, p)}, "
+                f"characters {o.char_start}-{o.char_end}: \u201c{excerpt}\u201d")
+    if o.in_prompt:
+        return f"accepted draft copied from the prompt (token {o.position})"
+    return f"accepted draft copied from earlier in the answer (token {o.position})"
+
+
+def spans_html(spans: Iterable, passages: Sequence = ()) -> str:
+    """The answer as one HTML line: drafted spans marked, with provenance on hover."""
+    out = []
+    for span in spans:
+        inner = escape_text(span.text)
+        if not inner:
+            continue
+        out.append(_mark(inner, span_title(span, passages)) if span.drafted else inner)
+    return f'<div class="rs-answer">{"".join(out)}</div>'
+
+
+
+
+
+
+def passage_html(text: str, ranges: Sequence[tuple[int, int]] = ()) -> str:
+    """A passage as one HTML line with the given character ranges marked."""
+    out, pos = [], 0
+    for start, end in merge_ranges(list(ranges)):
+        start, end = max(start, pos), min(end, len(text))
+        if end <= start:
+            continue
+        out.append(escape_text(text[pos:start]))
+        out.append(_mark(escape_text(text[start:end]), "copied into the answer"))
+        pos = end
+    out.append(escape_text(text[pos:]))
+    return f'<div class="rs-passage">{"".join(out)}</div>'
+
+
+def legend_html() -> str:
+    return (f'<div class="rs-legend"><mark class="rs-draft-legend" style="background:'
+            f'{DRAFT_COLOUR}">highlighted</mark> = accepted draft: copied from a passage by the '
+            f'n-gram drafter and confirmed by the model in one forward pass; plain text = '
+            f'written by the model token by token. Hover a highlight to see its source.</div>')
+
+
+

@@ -1,0 +1,283 @@
+"""The Streamlit pieces of the chat page: saved and live answers, and the sidebar's sections.
+
+Contract: every user-controlled string (questions, answers, passages, file names, chat titles,
+model names, error text) reaches Streamlit through `ragspec.web.page_html.escape_text` — inside our own
+HTML blocks, or with `inline=True` for Markdown elements, labels and tooltips (a selectbox's
+options are the exception: Streamlit shows them as plain text, so model names go in as they
+are). No tooltip holds a server path. The page (ragspec/web/page.py) only calls these in its order: sidebar, session state,
+history, live answer, chat input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from ragspec import describe
+from ragspec.retrieval.records import SEARCH_MODES
+from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS
+from ragspec.web import page_html as rd
+from ragspec.web import uploads
+from ragspec.web.answering import ACTIVE, AnswerSettings
+from ragspec.web.chats import ChatStore
+
+LIVE_REFRESH_SECONDS = 0.5
+
+
+def md(text: str) -> str:
+    """Shorthand for text shown in a Markdown element, label or tooltip."""
+    return rd.escape_text(str(text), inline=True)
+
+
+def show_question(text: str) -> None:
+    st.markdown(f"<div>{rd.escape_text(text)}</div>", unsafe_allow_html=True)
+
+
+# -- answers ------------------------------------------------------------------------------------
+
+_INTERRUPTED = ("This answer was interrupted (the server stopped while it was being written); "
+                "what was written is kept.")
+
+
+def show_answer(record: dict) -> None:
+    """A saved answer: its run(s), stats, identity mark, provenance, passages, and status."""
+    status, runs = record["status"], record["runs"]
+    if status == "failed":
+        st.error(md(record["error"] or "The answer failed."))
+    elif status in ("waiting", "generating"):
+        st.warning(_INTERRUPTED)
+    if record.get("note"):
+        st.info(md(record["note"]))
+    if record.get("refused"):
+        show_refusal(record["passages"], record["scores"])
+        return
+    if not runs:
+        if status == "stopped":
+            st.caption("Stopped before it started.")
+        return
+    passages = record["passages"]
+    cols = st.columns(len(runs)) if len(runs) > 1 else [st.container()]
+    for col, run in zip(cols, runs, strict=True):
+        with col:
+            if len(runs) > 1:
+                st.subheader(run["label"])
+            st.markdown(rd.spans_html(run["spans"], passages), unsafe_allow_html=True)
+            show_stats(run, runs[0] if len(runs) > 1 and run is runs[-1] else None)
+    if status == "stopped":
+        st.caption("\u23f9 Stopped: the answer ends where Stop was pressed.")
+    elif len(runs) > 1:
+        ok, message = describe.identical_verdict(runs[0]["token_ids"], runs[1]["token_ids"],
+                                           record["greedy"])
+        {True: st.success, False: st.error, None: st.info}[ok](message)
+    show_sources(runs[-1]["spans"], passages, record["scores"])
+
+
+def show_refusal(passages, scores) -> None:
+    """The "not in your documents" reply: no answer was generated; the closest passages."""
+    st.info("\U0001F50E " + NOT_IN_DOCUMENTS)
+    st.caption("The relevance floor is in the sidebar's settings (0 turns it off).")
+    for i, p in enumerate(passages):
+        score = f" · score {scores[i]:.2f}" if i < len(scores) and scores[i] is not None else ""
+        st.markdown(f"<div class=\"rs-closest\"><b>{rd.escape_text(describe.passage_label(i, p))}</b>"
+                    f"{score} · char {p.start}</div>", unsafe_allow_html=True)
+        st.markdown(rd.passage_html(p.text, []), unsafe_allow_html=True)
+
+
+def show_stats(run: dict, baseline: dict | None) -> None:
+    s = run["stats"]
+    row = ("| tokens/s | seconds | forward passes | drafted | accepted |"
+           + (" speedup |" if baseline else "") + "\n|---|---|---|---|---|"
+           + ("---|" if baseline else "") + "\n"
+           + f"| {s.tokens_per_s:.1f} | {s.seconds:.2f} | {s.forward_passes} | "
+             f"{s.drafted_tokens} | {s.accepted_tokens} |")
+    if baseline:
+        row += f" {describe.seconds_speedup(baseline['stats'].seconds, s.seconds):.2f}× |"
+    st.markdown(row)
+    if s.drafted_tokens:
+        with st.expander("Speculation stats"):
+            st.markdown(f"Acceptance rate **{100 * s.accept_rate:.0f}%** · mean accepted draft "
+                        f"length **{s.mean_accepted_length:.2f}** tokens · "
+                        f"{s.new_tokens} tokens in {s.forward_passes + 1} forwards")
+            if s.accepted_per_step:
+                st.caption("Accepted draft tokens per decoding step")
+                st.bar_chart({"accepted tokens": s.accepted_per_step}, height=160)
+
+
+def show_sources(spans, passages, scores) -> None:
+    drafted = [sp for sp in spans if sp.drafted]
+    if drafted:
+        with st.expander(f"Where the highlighted spans came from ({len(drafted)})"):
+            lines = [f"<li><mark class=\"rs-draft\" style=\"background:{rd.DRAFT_COLOUR}\">"
+                     f"{rd.escape_text(sp.text)}</mark> ← "
+                     f"{rd.escape_text(rd.span_title(sp, passages))}</li>" for sp in drafted]
+            st.markdown(f"<div><ul>{''.join(lines)}</ul></div>", unsafe_allow_html=True)
+    copied = describe.copied_ranges(spans)
+    with st.expander(f"Passages used ({len(passages)})"):
+        for i, p in enumerate(passages):
+            score = f" · score {scores[i]:.2f}" if i < len(scores) and scores[i] is not None else ""
+            st.markdown(f"<div><b>{rd.escape_text(describe.passage_label(i, p))}</b>{score} · "
+                        f"char {p.start}</div>", unsafe_allow_html=True)
+            st.markdown(rd.passage_html(p.text, copied.get(i, [])), unsafe_allow_html=True)
+
+
+def _waiting_text(snap: dict) -> str:
+    phase, ahead = snap["phase"], snap["ahead"]
+    if phase == "waiting":
+        return f"\u23f3 Waiting for {ahead} answer{'s' if ahead != 1 else ''} ahead"
+    if phase == "loading" and not snap["model_loaded"]:
+        first = " (its first start converts it, ~30 s)" if snap["bundled"] else ""
+        return f"Loading the model {md(snap['model'])}{first}..."
+    if phase in ("loading", "retrieving"):
+        return "Finding passages..."
+    return "Waiting for the first token..."
+
+
+@st.fragment(run_every=LIVE_REFRESH_SECONDS)
+def live_answer(chat_id: str) -> None:
+    """The answer being written for this chat, refreshed from its job, with a Stop button.
+    When the job is gone, the whole page reruns and shows the saved answer instead."""
+    job = ACTIVE.get(chat_id)
+    if job is None:
+        st.rerun()
+    snap = job.snapshot()
+    runs = snap["runs"]
+    if snap["note"]:
+        st.info(md(snap["note"]))
+    if not runs or not any(r["spans"] for r in runs):
+        st.info(_waiting_text(snap))
+    if runs:
+        cols = st.columns(snap["configs"]) if snap["configs"] > 1 else [st.container()]
+        for col, run in zip(cols, runs, strict=False):
+            with col:
+                if snap["configs"] > 1:
+                    st.subheader(run["label"])
+                st.markdown(rd.spans_html(run["spans"], snap["passages"]), unsafe_allow_html=True)
+    if job.stop_requested:
+        st.caption("Stopping...")
+    else:
+        st.button("\u23f9 Stop", key="stop-answer", on_click=job.stop,
+                  help="End this answer at the next step and keep what was written.")
+
+
+# -- sidebar ------------------------------------------------------------------------------------
+
+
+def sidebar_chats(chats: ChatStore, current: str | None) -> None:
+    """New chat, and the saved chats (most recent first), each to open or delete."""
+    st.header("Chats")
+    if st.button("\u2795 New chat", key="new-chat", use_container_width=True):
+        st.query_params.clear()
+        st.rerun()
+    summaries = chats.list()
+    if not summaries:
+        st.caption("No saved chats yet.")
+    for c in summaries:
+        left, right = st.columns([5, 1])
+        label = md(c.title)
+        if left.button(label, key=f"chat-{c.id}", use_container_width=True,
+                       type="primary" if c.id == current else "secondary"):
+            st.query_params["chat"] = c.id
+            st.rerun()
+        if right.button("\u2715", key=f"delete-chat-{c.id}", help=f"Delete the chat “{label}”"):
+            job = ACTIVE.get(c.id)
+            if job is not None:
+                job.stop()
+            chats.delete(c.id)
+            if c.id == current:
+                st.query_params.clear()
+            st.rerun()
+
+
+def sidebar_documents(store, lock, upload_root: Path) -> None:
+    """Upload box (each new file stored by content and ingested) and the indexed documents."""
+    from ragspec.retrieval.errors import RetrievalError
+    from ragspec.retrieval.ingest import SUPPORTED_SUFFIXES
+
+    st.header("Documents")
+    # No `type=` filter: Streamlit would reject other files with an exception before this
+    # script runs; checking here turns them into a visible message instead.
+    files = st.file_uploader(
+        "Add documents", accept_multiple_files=True, key="uploader",
+        help="Supported: " + ", ".join(sorted(SUPPORTED_SUFFIXES))
+             + ". Ingested into the same index as `ragspec ingest`.",
+    )
+    done = st.session_state.setdefault("ingested_ids", set())
+    for f in files or []:
+        if f.file_id not in done:
+            done.add(f.file_id)
+            _ingest_one(f, store, lock, upload_root)
+    docs = store.documents()
+    if not docs:
+        st.caption("No documents yet.")
+    for doc in docs:
+        name = Path(doc.source).name
+        left, right = st.columns([4, 1])
+        left.markdown(f"<div>{rd.escape_text(name, inline=True)} <small>({doc.passages} "
+                      f"passages)</small></div>", unsafe_allow_html=True)
+        if right.button("\u2715", key=f"remove-{doc.doc_id}",
+                        help=f"Remove {md(name)} ({doc.doc_id[:8]}) from the index"):
+            try:
+                uploads.remove_document(store, doc.doc_id, doc.source, upload_root, lock=lock)
+            except RetrievalError as exc:
+                st.error(md(f"Could not remove {name}: {exc}"))
+            else:
+                st.rerun()
+
+
+def _ingest_one(f, store, lock, upload_root: Path) -> None:
+    shown = uploads.safe_name(f.name)
+    bar = st.progress(0.0, text=f"Ingesting {md(shown)}...")
+
+    def progress(event) -> None:
+        if event.kind == "passages" and event.passages_total:
+            bar.progress(event.passages_done / event.passages_total,
+                         text=f"{md(shown)}: {event.passages_done}/{event.passages_total} "
+                              f"passages embedded")
+
+    try:
+        outcome = uploads.ingest_upload(upload_root, f.name, f.getvalue(), store, lock=lock,
+                                        progress=progress)
+    finally:
+        bar.empty()
+    text = md(f"{outcome.name}: {outcome.message}")
+    if outcome.failed:
+        st.error(text)
+    elif outcome.status == "unchanged":
+        st.info(text)
+    else:
+        st.success(text)
+
+
+def sidebar_settings(model_names: list[str]) -> AnswerSettings:
+    st.header("Settings")
+    model = st.selectbox("Model", model_names, key="model",
+                         help="The models this server offers (set by whoever started it).")
+    speculate = st.toggle("Speculation", value=True, help="Copy drafts from the passages.",
+                          key="speculate")
+    side_by_side = st.toggle("Side by side (speculation off vs on)", value=False,
+                             key="side_by_side")
+    max_ngram = st.slider("Maximum n-gram size", 1, 8, 4, key="max_ngram")
+    max_draft = st.slider("Maximum draft length", 1, 32, 16, key="max_draft")
+    adaptive = st.toggle("Adaptive drafting", value=True,
+                         help="Choose each draft's length from acceptance so far and the "
+                              "measured cost of a forward.", key="adaptive")
+    temperature = st.slider("Temperature (0 = greedy)", 0.0, 1.5, 0.0, step=0.1,
+                            key="temperature")
+    k = st.slider("Passages per question", 1, 8, 4, key="k")
+    search = st.selectbox(
+        "Search", SEARCH_MODES, index=SEARCH_MODES.index(DEFAULT_SEARCH), key="search",
+        help="dense: embedding similarity only; hybrid: fused with keyword (BM25) ranking, "
+             "which finds exact names, codes and numbers.")
+    min_score = st.slider(
+        "Relevance floor", 0.0, 0.9, DEFAULT_MIN_SCORE, step=0.05, key="min_score",
+        help="When no passage is at least this similar to the question, the answer says that "
+             "your documents do not appear to contain it and shows the closest passages, "
+             "without asking the model. 0 turns this off.")
+    max_new_tokens = st.number_input("Maximum answer tokens", 8, 1024, 256, step=8,
+                                     key="max_new_tokens")
+    return AnswerSettings(model=model, k=k, max_new_tokens=int(max_new_tokens), search=search,
+                          min_score=float(min_score),
+                          temperature=float(temperature), speculate=speculate,
+                          side_by_side=side_by_side, max_ngram=max_ngram, max_draft=max_draft,
+                          adaptive=adaptive)
