@@ -165,6 +165,8 @@ class AnswerJob(Turn):
                 break
             self._stream(pipeline, prepared, label, config)
         self._set_phase("stopped" if self.stop_requested else "done")
+        # between generations: re-measure the cost curve if live steps said it is off
+        generator.recalibrate_if_due()
 
     def _stream(self, pipeline, prepared, label: str, config: GenerationConfig) -> None:
         stream = pipeline.stream(prepared, config)

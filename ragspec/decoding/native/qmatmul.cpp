@@ -91,6 +91,16 @@ struct VGroup {
   float offset;
 };
 
+// A super-block's scales and offsets (K-quants), decoded once for its eight groups: per group
+// (Q4_K, Q5_K) or per half group (Q6_K, whose offsets are 0: its values are signed).
+struct KScales {
+  float scale[16], offset[8];
+};
+
+// Groups of 32 per block of the format.
+template <int fmt>
+constexpr int groups_per_block() { return fmt == Q4_K || fmt == Q5_K || fmt == Q6_K ? 8 : 1; }
+
 static inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
 static inline __m256i high_nibbles(__m256i v) {
   return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
@@ -104,10 +114,33 @@ static inline __m256i nibbles16(const uint8_t* p) {  // 16 bytes -> 32 values (l
 
 static inline float f16(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
 
-static inline void vdecode(int fmt, const uint8_t* row, int64_t g, VGroup& v) {
-  const int per_block = block_elems(fmt) / 32;
-  const uint8_t* b = row + (g / per_block) * block_bytes(fmt);
-  const int j = int(g % per_block);
+template <int fmt>
+static inline void block_scales(const uint8_t* b, KScales& ks) {
+  if (fmt == Q4_K || fmt == Q5_K) {  // the 12 bytes of 6-bit scales and minimums, four at a time
+    uint32_t w[3];
+    std::memcpy(w, b + 4, 12);
+    const uint32_t packed[4] = {
+        w[0] & 0x3f3f3f3fu,                                         // scales 0-3
+        (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u),         // scales 4-7
+        w[1] & 0x3f3f3f3fu,                                         // minimums 0-3
+        ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u),  // minimums 4-7
+    };
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    _mm256_storeu_ps(ks.scale, _mm256_mul_ps(_mm256_set1_ps(f16(b)), sc));
+    _mm256_storeu_ps(ks.offset, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(f16(b + 2)), mn)));
+  } else if (fmt == Q6_K) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    const __m256 d = _mm256_set1_ps(f16(b + 208));
+    _mm256_storeu_ps(ks.scale, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw))));
+    _mm256_storeu_ps(ks.scale + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8)))));
+  }
+}
+
+// Group j (of groups_per_block) of the block at b; ks holds block_scales(b).
+template <int fmt>
+static inline void vdecode(const uint8_t* b, int j, VGroup& v, const KScales& ks) {
   switch (fmt) {
     case Q4_0: {
       const float d = f16(b);
@@ -150,8 +183,6 @@ static inline void vdecode(int fmt, const uint8_t* row, int64_t g, VGroup& v) {
     }
     case Q4_K:
     case Q5_K: {
-      int sc, m;
-      k_scale_min(b + 4, j, sc, m);
       const __m256i raw = _mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(b + (fmt == Q4_K ? 16 : 48) + (j / 2) * 32));
       __m256i q = (j & 1) ? high_nibbles(raw) : low_nibbles(raw);
@@ -161,8 +192,8 @@ static inline void vdecode(int fmt, const uint8_t* row, int64_t g, VGroup& v) {
         q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
       }
       v.q = q;
-      v.scale = _mm256_set1_ps(f16(b) * float(sc));
-      v.offset = -(f16(b + 2) * float(m));
+      v.scale = _mm256_set1_ps(ks.scale[j]);
+      v.offset = ks.offset[j];
       return;
     }
     case Q6_K: {
@@ -175,10 +206,7 @@ static inline void vdecode(int fmt, const uint8_t* row, int64_t g, VGroup& v) {
           _mm256_set1_epi8(32));
       v.q = _mm256_sign_epi8(q, q);
       v.sign = q;
-      const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
-      const float d = f16(b + 208);
-      v.scale = _mm256_set_m128(_mm_set1_ps(d * float(scales[2 * j + 1])),
-                                _mm_set1_ps(d * float(scales[2 * j])));
+      v.scale = _mm256_set_m128(_mm_set1_ps(ks.scale[2 * j + 1]), _mm_set1_ps(ks.scale[2 * j]));
       v.offset = 0.0f;
       return;
     }
@@ -206,42 +234,68 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// Columns n0..n0+C, rows r0..r0+R. Every (row, column) pair owns acc/off and sees the same
-// sequence of operations for every choice of C and R.
-template <int C, int R, bool SIGNED, bool OFFSET>
-static void qtile(const QArgs& a, int64_t n0, int64_t r0) {
+// Σ_g a[g]·b[g] in a fixed order (8 lanes, then the lanes, then the tail).
+static inline float dot_f32(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = hsum(acc);
+  for (; i < n; ++i) s = std::fma(a[i], b[i], s);
+  return s;
+}
+
+// Columns n0..n0+C, rows r0..r0+R. Every (row, column) pair owns one accumulator, which sees
+// the same sequence of operations for every choice of C and R. Weight offsets (the groups'
+// minimums) are collected per column in `offs` (C × groups floats) and applied at the end, as
+// one dot product with the row's group sums.
+template <int FMT, int C, int R>
+static void qtile(const QArgs& a, int64_t n0, int64_t r0, float* offs) {
+  constexpr bool SIGNED = FMT == Q8_0 || FMT == Q6_K, OFFSET = !SIGNED;
   __m256 acc[C][R];
-  float off[C][R];
   for (int c = 0; c < C; ++c)
-    for (int r = 0; r < R; ++r) {
-      acc[c][r] = _mm256_setzero_ps();
-      off[c][r] = 0.0f;
-    }
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm256_setzero_ps();
   const QRows& x = *a.x;
   const int64_t G = a.groups;
-  for (int64_t g = 0; g < G; ++g) {
-    VGroup v[C];
-    for (int c = 0; c < C; ++c) vdecode(a.fmt, a.w + (n0 + c) * a.row_bytes, g, v[c]);
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = r0 + r;
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + row * a.k + 32 * g));
-      const __m256 xd = _mm256_set1_ps(x.d[row * G + g]);
+  constexpr int PB = groups_per_block<FMT>();
+  for (int64_t bi = 0; bi < G / PB; ++bi) {
+    const uint8_t* bp[C];
+    KScales ks[C];
+    for (int c = 0; c < C; ++c) {
+      bp[c] = a.w + (n0 + c) * a.row_bytes + bi * block_bytes(FMT);
+      block_scales<FMT>(bp[c], ks[c]);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < PB; ++j) {
+      const int64_t g = bi * PB + j;
+      VGroup v[C];
       for (int c = 0; c < C; ++c) {
-        const __m256i xs = SIGNED ? _mm256_sign_epi8(xq, v[c].sign) : xq;
-        const __m256 f = _mm256_cvtepi32_ps(dot_u8s8(v[c].q, xs));
-        acc[c][r] = _mm256_fmadd_ps(f, _mm256_mul_ps(v[c].scale, xd), acc[c][r]);
-        if (OFFSET) off[c][r] = std::fma(v[c].offset, x.dsum[row * G + g], off[c][r]);
+        vdecode<FMT>(bp[c], j, v[c], ks[c]);
+        if (OFFSET) offs[c * G + g] = v[c].offset;
+      }
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = r0 + r;
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + row * a.k + 32 * g));
+        const __m256 xd = _mm256_set1_ps(x.d[row * G + g]);
+        for (int c = 0; c < C; ++c) {
+          const __m256i xs = SIGNED ? _mm256_sign_epi8(xq, v[c].sign) : xq;
+          const __m256 f = _mm256_cvtepi32_ps(dot_u8s8(v[c].q, xs));
+          acc[c][r] = _mm256_fmadd_ps(f, _mm256_mul_ps(v[c].scale, xd), acc[c][r]);
+        }
       }
     }
   }
   for (int c = 0; c < C; ++c)
-    for (int r = 0; r < R; ++r) a.y[(r0 + r) * a.n + n0 + c] = hsum(acc[c][r]) + off[c][r];
+    for (int r = 0; r < R; ++r) {
+      const float off = OFFSET ? dot_f32(offs + c * G, x.dsum.data() + (r0 + r) * G, G) : 0.0f;
+      a.y[(r0 + r) * a.n + n0 + c] = hsum(acc[c][r]) + off;
+    }
 }
 
 #else  // portable scalar code: the same arithmetic one lane at a time
 
-template <int C, int R, bool SIGNED, bool OFFSET>
-static void qtile(const QArgs& a, int64_t n0, int64_t r0) {
+template <int FMT, int C, int R>
+static void qtile(const QArgs& a, int64_t n0, int64_t r0, float*) {
+  constexpr bool SIGNED = FMT == Q8_0 || FMT == Q6_K, OFFSET = !SIGNED;
   float acc[C][R], off[C][R];
   for (int c = 0; c < C; ++c)
     for (int r = 0; r < R; ++r) acc[c][r] = off[c][r] = 0.0f;
@@ -274,20 +328,24 @@ static void qtile(const QArgs& a, int64_t n0, int64_t r0) {
 
 #endif
 
-template <bool SIGNED, bool OFFSET>
+// Rows in tiles of 4 (then 3, 2 or 1), columns in pairs (one at the edge). (Four columns for a
+// single row measured 2.5x slower than pairs: register pressure.)
+template <int F>
 static void qcolumns(const QArgs& a, int64_t n0, int64_t n1, int64_t m) {
-  constexpr int C = 2;
-  for (int64_t n = n0; n < n1;) {
-    const bool pair = n + C <= n1;
+  std::vector<float> offs(4 * a.groups);
+  float* o = offs.data();
+  int64_t n = n0;
+  for (; n < n1;) {
+    const bool pair = n + 2 <= n1;
     int64_t r = 0;
-    for (; r + 4 <= m; r += 4) pair ? qtile<C, 4, SIGNED, OFFSET>(a, n, r) : qtile<1, 4, SIGNED, OFFSET>(a, n, r);
+    for (; r + 4 <= m; r += 4) pair ? qtile<F, 2, 4>(a, n, r, o) : qtile<F, 1, 4>(a, n, r, o);
     switch (m - r) {
-      case 3: pair ? qtile<C, 3, SIGNED, OFFSET>(a, n, r) : qtile<1, 3, SIGNED, OFFSET>(a, n, r); break;
-      case 2: pair ? qtile<C, 2, SIGNED, OFFSET>(a, n, r) : qtile<1, 2, SIGNED, OFFSET>(a, n, r); break;
-      case 1: pair ? qtile<C, 1, SIGNED, OFFSET>(a, n, r) : qtile<1, 1, SIGNED, OFFSET>(a, n, r); break;
+      case 3: pair ? qtile<F, 2, 3>(a, n, r, o) : qtile<F, 1, 3>(a, n, r, o); break;
+      case 2: pair ? qtile<F, 2, 2>(a, n, r, o) : qtile<F, 1, 2>(a, n, r, o); break;
+      case 1: pair ? qtile<F, 2, 1>(a, n, r, o) : qtile<F, 1, 1>(a, n, r, o); break;
       default: break;
     }
-    n += pair ? C : 1;
+    n += pair ? 2 : 1;
   }
 }
 
@@ -386,10 +444,17 @@ at::Tensor qmatmul(const at::Tensor& x_in, const at::Tensor& w, int64_t fmt, int
   if (is_quantised(int(fmt))) {
     const QRows rows = quantise_rows(x.data_ptr<float>(), m, k);
     const QArgs a{int(fmt), k, n, k / 32, w.size(1), w.data_ptr<uint8_t>(), &rows, y.data_ptr<float>()};
-    const bool sgn = fmt == Q8_0 || fmt == Q6_K;
     at::parallel_for(0, n, grain(k, m), [&](int64_t lo, int64_t hi) {
-      if (sgn) qcolumns<true, false>(a, lo, hi, m);
-      else qcolumns<false, true>(a, lo, hi, m);
+      switch (fmt) {
+        case Q4_0: qcolumns<Q4_0>(a, lo, hi, m); break;
+        case Q4_1: qcolumns<Q4_1>(a, lo, hi, m); break;
+        case Q5_0: qcolumns<Q5_0>(a, lo, hi, m); break;
+        case Q5_1: qcolumns<Q5_1>(a, lo, hi, m); break;
+        case Q8_0: qcolumns<Q8_0>(a, lo, hi, m); break;
+        case Q4_K: qcolumns<Q4_K>(a, lo, hi, m); break;
+        case Q5_K: qcolumns<Q5_K>(a, lo, hi, m); break;
+        default: qcolumns<Q6_K>(a, lo, hi, m); break;
+      }
     });
   } else {
     const FArgs a{int(fmt), k, n, w.size(1), w.data_ptr<uint8_t>(), x.data_ptr<float>(), y.data_ptr<float>()};
