@@ -122,7 +122,7 @@ def gguf_entries(path: Path | str, model: nn.Module) -> dict[str, PackedWeight |
         if result.name is None or result.name not in name_map:
             continue
         hf = name_map[result.name]
-        value = torch.from_numpy(np.ascontiguousarray(result.weights, dtype=np.float32))
+        value = torch.from_numpy(np.array(result.weights, dtype=np.float32))
         kind = kinds.get(hf)
         if kind and value.dim() == 2:
             entries[hf] = _f32_rows(value.t() if kind == "conv1d" else value)
