@@ -103,14 +103,14 @@ def test_the_file_is_written_under_the_index_write_lock(tmp_path, store, monkeyp
     seen = []
     write = uploads.write_atomically
 
-    def checking_write(folder, target, data):
+    def checking_write(target, data, **kwargs):
         try:
             FileLock(str(store.index_dir / persist.LOCK_NAME), timeout=0).acquire()
         except Timeout:
             seen.append("locked")
         else:
             seen.append("NOT locked")
-        write(folder, target, data)
+        write(target, data, **kwargs)
 
     monkeypatch.setattr(uploads, "write_atomically", checking_write)
     assert uploads.ingest_upload(tmp_path / "uploads", "notes.md", NOTES_A, store).status == "added"

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import statistics
 import time
@@ -38,6 +37,7 @@ import torch
 from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.policy import ForwardCost
 from ragspec.decoding.quant import int4_token_limit
+from ragspec.fileio import write_atomically
 
 COSTS_FILE = "forward_costs.json"  # in the model cache directory, one entry per cost_key
 CONTEXT_TOKENS = 512  # a typical RAG prompt's order of magnitude
@@ -162,9 +162,7 @@ def save(model, device: torch.device, dtype: torch.dtype, cache_dir: Path,
     table = _read_table(cache_dir)
     table[cost_key(model, device, dtype)] = calibration.to_dict()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    tmp.replace(path)
+    write_atomically(path, json.dumps(table, indent=1))
 
 
 def _read_table(cache_dir: Path | None) -> dict:

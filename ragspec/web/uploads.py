@@ -26,17 +26,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import unicodedata
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragspec.fileio import write_atomically
 from ragspec.retrieval.errors import RetrievalError
 from ragspec.retrieval.limits import size_text
 
-NAME_BYTES = 200  # well under the 255 bytes most file systems allow, leaving room for ".tmp"
+NAME_BYTES = 200  # under the 255 bytes file systems allow, with room for a temporary name
 DIGEST_CHARS = 16  # 64 bits of the sha256: distinct contents never meet in practice
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")
 
@@ -102,20 +102,6 @@ def _refuse_links(folder: Path, target: Path, name: str) -> None:
             )
 
 
-def write_atomically(folder: Path, target: Path, data: bytes) -> None:
-    """data into target via a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=".upload-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @dataclass
 class StoredUpload:
     """Where an upload lies, and what this upload created (to undo on failure)."""
@@ -150,7 +136,7 @@ def store_upload(root: Path, name: str, data: bytes, store) -> StoredUpload:
             existing = _existing_copy(folder, Path(safe).suffix.lower())
             if existing is not None:
                 return StoredUpload(existing, False, False)
-            write_atomically(folder, target, data)
+            write_atomically(target, data, mode=0o600)
             return StoredUpload(target, True, created_folder)
     except OSError as exc:
         raise UploadError(f"{safe}: could not store the upload ({exc.strerror or exc})") from exc
