@@ -227,9 +227,10 @@ def cli_env(tmp_path, monkeypatch, tiny_gen, prepared):
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
     calls = {}
 
-    def fake_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None):
+    def fake_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None,
+                   weights="auto", methods=None):
         calls.update(model=model, corpus=corpus, index=index, max_new_tokens=max_new_tokens,
-                     ids=[q.id for q in questions], llamacpp=llamacpp)
+                     ids=[q.id for q in questions], llamacpp=llamacpp, weights=weights)
         return core.Setup("tiny", "cpu", tiny_gen, prepared[: len(questions)])
 
     monkeypatch.setattr(bench_cmd, "build_setup", fake_setup)

@@ -19,7 +19,7 @@ from ragspec.commands.common import json_option, model_options
               help="Measure forwards over 1 to max-draft + 1 tokens.")
 @model_options
 @json_option
-def calibrate(show, plot_path, max_draft, model_spec, device, exact, as_json):
+def calibrate(show, plot_path, max_draft, model_spec, device, exact, weights, as_json):
     """Measure what a forward over n new tokens costs here, for the draft policy.
 
     A verify step over a draft of k tokens is a forward over k + 1 tokens; on a CPU it costs
@@ -33,7 +33,7 @@ def calibrate(show, plot_path, max_draft, model_spec, device, exact, as_json):
 
     cache = paths.models_dir()
     try:
-        loaded = load_model(model_spec, cache, device=device, exact=exact)
+        loaded = load_model(model_spec, cache, device=device, exact=exact, weights=weights)
     except ModelNotFound as exc:
         raise click.ClickException(str(exc)) from exc
     key = cal.cost_key(loaded.model, loaded.device, loaded.dtype)

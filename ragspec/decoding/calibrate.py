@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from ragspec.decoding.cache import crop_cache, new_cache
+from ragspec.decoding.packed import packed_formats, step_forward
 from ragspec.decoding.policy import ForwardCost
-from ragspec.decoding.quant import int4_token_limit
 from ragspec.fileio import write_atomically
 
 COSTS_FILE = "forward_costs.json"  # in the model cache directory, one entry per cost_key
@@ -93,7 +93,8 @@ def cost_key(model, device: torch.device, dtype: torch.dtype) -> str:
     name = getattr(cfg, "_name_or_path", "") or cfg.model_type
     shape = (f"{cfg.model_type}-L{getattr(cfg, 'num_hidden_layers', '?')}"
              f"-H{getattr(cfg, 'hidden_size', '?')}")
-    variant = "int4" if int4_token_limit(model) else str(dtype).replace("torch.", "")
+    formats = packed_formats(model)
+    variant = "packed-" + "+".join(formats) if formats else str(dtype).replace("torch.", "")
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return f"{Path(str(name)).name}|{shape}|{device.type}|{variant}|t{threads}|v{CURVE_VERSION}"
 
@@ -137,7 +138,8 @@ def measure(model, max_tokens: int, context: int = CONTEXT_TOKENS, rounds: int =
         order.shuffle(sizes)
         for i in sizes:
             start = clock()
-            logits = model(input_ids=inputs[i], cache=cache, use_cache=True).logits
+            with step_forward():  # timed as the engine runs verify forwards
+                logits = model(input_ids=inputs[i], cache=cache, use_cache=True).logits
             logits[0].float().argmax(-1).tolist()  # includes the device sync and read-back
             if round_:
                 samples[i].append(clock() - start)

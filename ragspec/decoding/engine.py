@@ -27,9 +27,9 @@ import torch
 from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.calibrate import CostWatch
 from ragspec.decoding.ngram import Match, NgramIndex
+from ragspec.decoding.packed import step_forward
 from ragspec.decoding.policy import DraftPolicy, ForwardCost
 from ragspec.decoding.provenance import locate_origin
-from ragspec.decoding.quant import int4_token_limit
 from ragspec.decoding.sampling import accept_greedy, accept_sampled, next_token
 from ragspec.decoding.text import SpanText
 from ragspec.decoding.types import (
@@ -104,13 +104,6 @@ class Generator:
         if self.speculation_off_reason and config.draft.enabled:
             config = replace(config, draft=replace(config.draft, enabled=False))
             forced_drafts = None
-        limit = int4_token_limit(self.model)
-        if config.draft.enabled and limit is not None and config.draft.max_draft + 1 > limit:
-            raise ValueError(
-                f"max_draft {config.draft.max_draft} is too long for this model's 4-bit layers: "
-                f"a verify forward of more than {limit} tokens runs their fp32 weights; use "
-                f"max_draft <= {limit - 1}"
-            )
         return GenerationStream(self, prompt, config, tuple(sources), forced_drafts)
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
@@ -274,8 +267,10 @@ class GenerationStream:
 
     def _verify(self, draft: list[int]) -> torch.Tensor:
         """One forward over [last token, *draft]: logits (len(draft)+1, vocab). The cache held
-        every token but the last."""
-        return forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
+        every token but the last. A step forward however long the draft: packed layers run
+        their row-invariant kernels (ragspec.decoding.packed)."""
+        with step_forward():
+            return forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
 
     def _accept(self, logits: torch.Tensor, match: Match | None, draft: list[int]) -> Step:
         sampling = self.config.sampling
