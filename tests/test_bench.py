@@ -381,6 +381,7 @@ def test_llamacpp_anchors_run_beside_the_others(tiny_gen, prepared, monkeypatch,
 
     fake = types.ModuleType("llama_cpp")
     fake.Llama = FakeLlama
+    fake.llama_print_system_info = lambda: b"CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | "
     speculative = types.ModuleType("llama_cpp.llama_speculative")
     speculative.LlamaPromptLookupDecoding = lambda num_pred_tokens: ("pld", num_pred_tokens)
     monkeypatch.setitem(sys.modules, "llama_cpp", fake)
@@ -391,8 +392,10 @@ def test_llamacpp_anchors_run_beside_the_others(tiny_gen, prepared, monkeypatch,
     runner = core.Runner(tiny_gen, anchors=anchors)
     assert runner.methods[-2:] == ("llamacpp", "llamacpp_pld")
     entries = core.run_bench(runner, prepared[:2], 6, repeats=2)
-    results = summary.build_results("tiny", "cpu", 6, entries, repeats=2)
+    results = summary.build_results("tiny", "cpu", 6, entries, repeats=2,
+                                    llamacpp_build=anchors.compiled_for)
     assert results["methods"][-2:] == ["llamacpp", "llamacpp_pld"]
+    assert results["llamacpp_build"] == ["SSE3", "AVX", "AVX2"]  # what the results record
     for entry in entries:
         run = entry["results"]["llamacpp"]
         assert run["new_tokens"] == 6 and 0 < run["ttft_seconds"] <= run["seconds"]

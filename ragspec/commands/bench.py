@@ -109,8 +109,9 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     except core.BenchInputError as exc:
         raise click.UsageError(str(exc)) from exc
     entries = _run_with_progress(runner, setup, max_new_tokens, repeats)
-    results = summary.build_results(setup.model_name, setup.device, max_new_tokens, entries,
-                                    repeats)
+    results = summary.build_results(
+        setup.model_name, setup.device, max_new_tokens, entries, repeats,
+        llamacpp_build=None if setup.anchors is None else setup.anchors.compiled_for)
     _report(results, setup, out, plot_path, as_json)
     if setup.failures:
         click.echo(f"{len(setup.failures)} input(s) failed: "
@@ -146,6 +147,8 @@ def _report(results: dict, setup: core.Setup, out: str | None, plot_path: str | 
     click.echo(f"{setup.model_name} on {setup.device}, {results['max_new_tokens']} new tokens, "
                f"{len(results['questions'])} questions"
                + (f", fastest of {repeats} runs each" if repeats > 1 else ""))
+    if "llamacpp_build" in results:
+        click.echo(f"llama.cpp compiled for: {', '.join(results['llamacpp_build']) or '-'}")
     click.echo(summary.format_table(results))
 
 

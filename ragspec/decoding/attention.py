@@ -3,9 +3,9 @@
 transformers' sdpa path handles grouped-query attention (fewer KV heads than query heads) by
 broadcasting when there is no mask (prefill) or one query token (plain decoding), but for
 several query tokens with a mask — exactly a verify forward over [last token + draft] — it
-repeats K and V across head groups: a copy of the whole cache in every layer, every step.
-Measured here (SmolLM2-135M, 800-token context, 2 cores) that copy made an 8-token forward
-~25% slower. SDPA's enable_gqa broadcasts instead; the math is the same attention.
+repeats K and V across head groups: a copy of the whole cache in every layer, every step (the
+README's "How it works" gives what it cost on one machine). SDPA's enable_gqa broadcasts
+instead; the math is the same attention.
 
 The broadcast is used on the CPU only, where it was measured: on CUDA, SDPA with both a mask and
 enable_gqa may fall back to its slowest (math) kernel, so there every shape goes to transformers'

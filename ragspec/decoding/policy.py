@@ -4,8 +4,9 @@ A verify forward over [last token + k draft tokens] costs c(k+1) seconds and yie
 prefix plus one token of the model's own. If each draft token is accepted with probability a
 (given the ones before it were), the step yields E(k) = 1 + a + a^2 + ... + a^k tokens. The policy
 picks the k that maximises E(k) / c(k+1) and drafts nothing unless that beats 1 / c(1), the rate
-of plain decoding. On this CPU c grows quickly with k (see ForwardCost), so weak matches get short
-drafts or none; on a GPU at batch 1 c is nearly flat and long drafts pay off.
+of plain decoding. On a CPU c grows quickly with k (measured per machine: see ForwardCost), so
+weak matches get short drafts or none; on a GPU at batch 1 c is nearly flat and long drafts pay
+off.
 
 The acceptance chances are estimated per evidence bucket — how far back the current match agrees
 with the copied place (Match.extended); a long agreeing history means the model is quoting, a lone

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import secrets
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
@@ -37,6 +36,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from ragspec.decoding.types import GenerationStats, Span, SpanOrigin
+from ragspec.fileio import write_atomically
 from ragspec.retrieval.records import Passage
 
 FORMAT = "ragspec-chat"
@@ -177,16 +177,8 @@ class ChatStore:
 
     def _write(self, chat: dict) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{chat['id']}-", suffix=".tmp", dir=self.root)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(chat, out, ensure_ascii=False, indent=1)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path(chat["id"]))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(self.path(chat["id"]), json.dumps(chat, ensure_ascii=False, indent=1),
+                         mode=0o600)
 
 
 # -- messages <-> engine objects ------------------------------------------------------------
