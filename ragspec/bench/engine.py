@@ -8,7 +8,8 @@ pools at once) and returns: load seconds, resident memory after a first forward,
 `context` tokens, and c(k) — one forward over k new tokens after `context` cached ones, with
 logits for every one of the k positions (what a verify needs), k = 1..max_tokens, each size
 timed once per round in a shuffled order, the low quantile kept (ragspec.decoding.calibrate's
-method, for both engines). `roofline(...)` is the bound no engine can beat: max(bytes of
+method, for both engines). Resident memory is what loading the model and a first forward added
+to the process. `roofline(...)` is the bound no engine can beat: max(bytes of
 weights streamed / bandwidth, 2 · multiply-accumulates · k / peak FLOP/s).
 
 Shapes are random-weight models (ragspec.bench.shapes): costs, not answers.
@@ -129,19 +130,19 @@ def _timed_rounds(step, sizes: int, rounds: int) -> list[float]:
 
 
 def _ragspec(spec: dict) -> dict:
+    from ragspec import paths
     from ragspec.bench.shapes import config
     from ragspec.decoding import native, packing
     from ragspec.decoding.attention import install
     from ragspec.decoding.cache import crop_cache, new_cache
     from ragspec.decoding.packed import packed_bytes, step_forward
 
-    from ragspec import paths
-
     native.ops(paths.models_dir())
     with tempfile.TemporaryDirectory() as scratch:  # the product's path: packed file, mmapped
         meta = packing.meta_model_from_config(config(spec["shape"]))
         packing.save(packing.gguf_entries(spec["gguf"], meta), Path(scratch) / packing.PACKED_FILE)
         del meta
+        spec["rss_before_mb"] = _rss_mb()
         start = time.perf_counter()
         model = packing.build(None, packing.load(Path(scratch) / packing.PACKED_FILE),
                               packing.meta_model_from_config(config(spec["shape"])))
@@ -163,7 +164,7 @@ def _ragspec_times(model, spec, load, nbytes, new_cache, crop_cache, step_forwar
         model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
         prefills.append(time.perf_counter() - start)
     base = cache.get_seq_length()
-    rss = _rss_mb()
+    rss = _rss_mb() - spec["rss_before_mb"]
     inputs = [torch.randint(0, vocab, (1, n), generator=g) for n in range(1, spec["max_tokens"] + 1)]
 
     def step(n: int) -> float:
@@ -182,6 +183,7 @@ def _llamacpp(spec: dict) -> dict:
     from llama_cpp import Llama
 
     context, threads = spec["context"], spec["threads"]
+    before = _rss_mb()
     start = time.perf_counter()
     llm = Llama(model_path=spec["gguf"], n_ctx=context + spec["max_tokens"] + 8,
                 n_batch=context, n_threads=threads, n_threads_batch=threads, logits_all=True,
@@ -197,7 +199,7 @@ def _llamacpp(spec: dict) -> dict:
         llm.eval(prompt)
         prefills.append(time.perf_counter() - start)
     base = llm.n_tokens
-    rss = _rss_mb()
+    rss = _rss_mb() - before
     inputs = [torch.randint(3, vocab, (n,), generator=g).tolist()
               for n in range(1, spec["max_tokens"] + 1)]
 

@@ -129,6 +129,8 @@ def _table(results: dict) -> None:
                f"fp32 GEMM {best['gemm_gflop_s']:.0f} GFLOP/s (1 core: "
                f"{limits['t1']['read_gb_s']:.1f} GB/s, {limits['t1']['gemm_gflop_s']:.0f} GFLOP/s)")
     click.echo(f"c(k): ms per forward over k new tokens after {results['context']} cached ones")
+    click.echo("RSS/file: resident memory the loaded model added (after a first forward), over "
+               "the file's size")
     head = (f"{'shape':15} {'mix':7} {'MB':>6} | {'engine':8} {'RSS/file':>8} {'prefill s':>9} "
             f"{'c(1)':>7} {'c(4)':>7} {'c(16)':>7} | {'bound c(1)':>10} {'c(16)':>7} {'worst c/bound':>13}")
     click.echo(head)
@@ -144,10 +146,11 @@ def _table(results: dict) -> None:
                 continue
             c = r["c"]
             worst = max(ci / bi for ci, bi in zip(c, bound, strict=False))
-            at = lambda k: f"{1000 * c[k - 1]:>7.1f}" if len(c) >= k else f"{'-':>7}"  # noqa: E731
+            cells = " ".join(f"{1000 * c[k - 1]:>7.1f}" if len(c) >= k else f"{'-':>7}"
+                             for k in (1, 4, 16))
             click.echo(f"{f['shape']:15} {f['mix']:7} {f['file_mb']:>6.0f} | {engine:8} "
-                       f"{r['rss_mb'] / f['file_mb']:>8.2f} {r['prefill_s']:>9.2f} {at(1)} {at(4)} "
-                       f"{at(16)} | {1000 * bound[0]:>10.1f} {1000 * bound[-1]:>7.1f} {worst:>13.2f}")
+                       f"{r['rss_mb'] / f['file_mb']:>8.2f} {r['prefill_s']:>9.2f} {cells} | "
+                       f"{1000 * bound[0]:>10.1f} {1000 * bound[-1]:>7.1f} {worst:>13.2f}")
 
 
 COMMANDS = [bench_engine]

@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -28,9 +29,11 @@ import torch
 NAME = "ragspec_kernels"
 SOURCES = ("qmatmul.cpp", "attention.cpp")
 HEADERS = ("formats.h",)
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c++17")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp")
 # -ffp-contract=off: only the fused multiply-adds written in the source are fused, so the
 # compiler cannot fuse differently in two instantiations of a kernel (batch invariance).
+# -fopenmp: at::parallel_for is compiled into the kernels themselves; without it they would
+# run on one thread (the OpenMP runtime is torch's own, already loaded: the same libgomp).
 
 _lock = threading.Lock()
 _loaded = False
@@ -94,9 +97,19 @@ def _build(cache_dir: Path) -> None:
 
     folder = build_folder(cache_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    # torch runs `ninja` from PATH: the one installed with ragspec sits beside this Python
+    bins = [str(Path(sys.executable).parent)]
+    try:
+        import ninja
+
+        bins.insert(0, str(ninja.BIN_DIR))
+    except (ImportError, AttributeError):
+        pass
+    os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
     with FileLock(str(folder) + ".lock"):
         load(name=NAME, sources=[str(_here() / s) for s in SOURCES], extra_cflags=list(FLAGS),
-             extra_include_paths=[str(_here())], build_directory=str(folder),
+             extra_ldflags=["-fopenmp"], extra_include_paths=[str(_here())],
+             build_directory=str(folder),
              is_python_module=False, verbose=False)
 
 
