@@ -150,7 +150,8 @@ def list_users(as_json):
         raise _fail(exc) from exc
     if as_json:
         click.echo(json.dumps([u.to_dict() for u in found], indent=1))
-    elif not found:
+        return
+    if not found:
         click.echo("No accounts: `ragspec ui` runs in single-user mode on this machine only. "
                    "Add one with `ragspec users add NAME`.")
     for user in found:
