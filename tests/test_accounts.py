@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_ui_command import started  # noqa: F401 (a fixture: records what `ragspec ui` runs)
 
 from ragspec.accounts import audit, policy
 from ragspec.accounts.api_keys import authenticate_api_key
@@ -198,6 +199,7 @@ def test_users_add_list_set_passwd_key_remove(home):
     everything = "".join(r.output for r in (added, prompted, changed, made))
     everything += invoke("users", "list").output + (home / "audit.jsonl").read_text()
     assert "argon2" not in everything and key not in (home / "audit.jsonl").read_text()
+    assert stat.S_IMODE((home / "audit.jsonl").stat().st_mode) == 0o600
     actions = [e["action"] for e in audit.read()]
     assert actions.count("user-add") == 3 and "key-create" in actions and "password" in actions
 
@@ -215,20 +217,16 @@ def test_ui_on_a_network_address_without_an_account_refuses_to_start(home, tmp_p
     assert "Starting ragspec" not in proc.stderr
 
 
-@pytest.fixture
-def started(monkeypatch):
-    calls = []
-    monkeypatch.setattr("ragspec.commands.ui.os.execve", lambda *args: calls.append(args))
-    return calls
-
-
-def test_ui_no_auth_warns_on_every_start_and_accounts_turn_sign_in_on(home, started):
+def test_ui_no_auth_warns_on_every_start_and_accounts_turn_sign_in_on(home, started):  # noqa: F811
     for _ in range(2):
         result = CliRunner().invoke(main, ["ui", "--host", "0.0.0.0", "--no-auth"])
         assert result.exit_code == 0 and "warning: --no-auth" in result.output
     assert [env["RAGSPEC_AUTH"] for _, _, env in started] == ["open", "open"]
     result = CliRunner().invoke(main, ["ui"])  # loopback, no account: single-user as before
     assert result.exit_code == 0 and "warning" not in result.output
+    result = CliRunner().invoke(main, ["ui"], env={"RAGSPEC_SESSION_HOURS": "soon"})
+    assert result.exit_code == 2 and "RAGSPEC_SESSION_HOURS" in result.output
+    assert len(started) == 3
     AccountStore().add("olive", PASSWORD)
     for host in ("0.0.0.0", "localhost"):
         result = CliRunner().invoke(main, ["ui", "--host", host])

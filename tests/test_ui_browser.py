@@ -98,6 +98,9 @@ def open_page(browser, url: str):
 
 def set_number(page, label: str, value: int) -> None:
     box = page.get_by_label(label)
+    if not box.is_visible():  # the engine's settings sit in the sidebar's "Advanced" expander
+        page.locator(SIDEBAR).get_by_text("Advanced", exact=True).click()
+        box.wait_for()
     box.fill(str(value))
     box.press("Enter")
     page.wait_for_timeout(1000)  # let the rerun triggered by the setting finish

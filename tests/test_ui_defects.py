@@ -282,3 +282,24 @@ def test_the_answer_worker_stops_cleanly_when_the_interpreter_exits(tmp_path):
     chats = ch.ChatStore(tmp_path / "chats")
     statuses = [chats.load(i)["messages"][-1]["status"] for i in proc.stdout.split()]
     assert statuses == ["stopped", "stopped"], statuses
+
+
+def test_deleting_a_chat_someone_else_deleted_shows_a_short_message(tmp_path, monkeypatch):
+    """The sidebar lists a chat; another process deletes its file just before this session's
+    delete does: a short message, no traceback, no chats folder on the page."""
+    from ui_support import element_strings, fast_page, new_session
+
+    fast_page(monkeypatch, tmp_path / "home")
+    chat = ch.ChatStore(tmp_path / "home" / "chats").create("A question")
+    delete = ch.ChatStore.delete
+
+    def raced(self, chat_id):
+        self.path(chat_id).unlink()  # the other process wins
+        return delete(self, chat_id)
+
+    at = new_session()
+    monkeypatch.setattr(ch.ChatStore, "delete", raced)
+    at.button(key=f"delete-chat-{chat['id']}").click().run()
+    assert not at.exception, at.exception
+    assert [e.value for e in at.error] and "no chat" in at.error[0].value
+    assert not [t for _, t in element_strings(at) if str(tmp_path) in t]

@@ -103,9 +103,11 @@ def ui(port, host, index, models, max_loaded, no_auth):
     (localhost); on another address it refuses to start unless --no-auth is given.
     """
     from ragspec.accounts.binding import NO_AUTH_WARNING
+    from ragspec.accounts.sessions import lifetime_seconds
 
     mode = sign_in_mode(host, no_auth)
     try:
+        lifetime_seconds()  # a bad RAGSPEC_SESSION_HOURS is a usage error now, not at sign-in
         env = streamlit_env(index, models, max_loaded, auth=mode)
         argv = streamlit_argv(port, host)
     except ValueError as exc:
