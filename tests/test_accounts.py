@@ -233,3 +233,21 @@ def test_ui_no_auth_warns_on_every_start_and_accounts_turn_sign_in_on(home, star
         assert result.exit_code == 0 and "everyone signs in" in result.output
     assert [env["RAGSPEC_AUTH"] for _, _, env in started[2:]] == ["single-user", "accounts",
                                                                  "accounts"]
+
+
+def test_sign_in_is_throttled_after_repeated_failures():
+    from ragspec.accounts.throttle import SignInThrottle
+
+    now = [0.0]
+    throttle = SignInThrottle(attempts=3, window=60, clock=lambda: now[0])
+    for _ in range(3):
+        assert throttle.wait("olive") == 0
+        throttle.failed("olive")
+        now[0] += 1
+    assert throttle.wait("olive") == pytest.approx(57)  # the first failure leaves at t=60
+    assert throttle.wait("mia") == 0  # other names are not affected
+    now[0] = 60.5
+    assert throttle.wait("olive") == 0
+    throttle.failed("olive")
+    throttle.succeeded("olive")
+    assert throttle.wait("olive") == 0

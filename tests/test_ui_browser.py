@@ -168,6 +168,7 @@ def test_browser_hostile_file_names_stay_text(chromium, tmp_path):
                          "<script>alert(3)<_script>.exe: unsupported type",
                          "[broken](http:__evil.example_).pdf:"):
             page.get_by_text(expected).first.wait_for()
+        page.locator(SIDEBAR).get_by_text("Advanced", exact=True).click()  # its tooltips too
         remove = page.locator(f'{SIDEBAR} [data-testid="stTooltipHoverTarget"]')
         tooltips = []
         for i in range(remove.count()):

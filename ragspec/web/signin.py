@@ -15,6 +15,8 @@ Contract:
     reload signs back in without a round trip; the page sets and clears the cookie with a
     small script of its own (no user text in it).
   * Sign-in and sign-out are in the audit log; a failed sign-in names the attempted user only.
+    After 5 failed sign-ins for one name in 5 minutes, that name is refused without checking
+    the password until the oldest failure is 5 minutes old (ragspec.accounts.throttle).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ragspec.accounts import audit
 from ragspec.accounts.binding import MODE_ENV, MODES, BindingRefused, auth_mode
 from ragspec.accounts.policy import Principal
 from ragspec.accounts.sessions import SessionStore
+from ragspec.accounts.throttle import THROTTLE
 from ragspec.accounts.users import AccountStore, User
 
 COOKIE = "ragspec_session"
@@ -78,11 +81,19 @@ def _cookie_script() -> None:
 
 
 def _sign_in(name: str, password: str) -> None:
+    pause = THROTTLE.wait(name)
+    if pause:
+        audit.record("sign-in-failed", name[:64], reason="too many failed attempts")
+        st.session_state["ragspec_sign_in_error"] = (
+            f"Too many failed sign-ins for this name; try again in {pause / 60:.0f} min.")
+        return
     user = AccountStore().verify_password(name, password) if name and password else None
     if user is None:
+        THROTTLE.failed(name)
         audit.record("sign-in-failed", name[:64] if name else "")
-        st.session_state["ragspec_sign_in_error"] = True
+        st.session_state["ragspec_sign_in_error"] = "Wrong name or password."
         return
+    THROTTLE.succeeded(name)
     token, seconds = SessionStore().create(user.name)
     st.session_state[_TOKEN] = token
     st.session_state[_COOKIE_SCRIPT] = (token, seconds)
@@ -99,8 +110,9 @@ def sign_in_form() -> None:
         submitted = st.form_submit_button("Sign in")
     if submitted:
         _sign_in(name.strip(), password)
-        if st.session_state.pop("ragspec_sign_in_error", False):
-            st.error("Wrong name or password.")
+        error = st.session_state.pop("ragspec_sign_in_error", None)
+        if error:
+            st.error(error)
         else:
             st.rerun()
     st.caption("Accounts are made by the server's owner (`ragspec users add NAME`).")
