@@ -244,7 +244,7 @@ static inline float dot_f32(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-constexpr int kPrefetch = 2048;  // bytes ahead of the block being decoded
+constexpr int kPrefetch = 1024;  // bytes ahead of the block being decoded
 
 // Columns n0..n0+C, rows r0..r0+R. Every (row, column) pair owns one accumulator, which sees
 // the same sequence of operations for every choice of C and R. Weight offsets (the groups'
@@ -295,6 +295,70 @@ static void qtile(const QArgs& a, int64_t n0, int64_t r0, float* offs) {
     }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#define RS_AVX512 1
+
+// The same tile with 512-bit registers (CPUs that have AVX-512 VNNI): two consecutive groups
+// per instruction. Used for every row count alike when the row has an even number of groups, so
+// the invariance argument is unchanged: each (row, column) accumulator sees the same
+// operations whatever C and R are.
+template <int FMT, int C, int R>
+static void qtile512(const QArgs& a, int64_t n0, int64_t r0, float* offs) {
+  constexpr bool SIGNED = FMT == Q8_0 || FMT == Q6_K, OFFSET = !SIGNED;
+  constexpr int PB = groups_per_block<FMT>();
+  __m512 acc[C][R];
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
+  const QRows& x = *a.x;
+  const int64_t G = a.groups;
+  const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  KScales ks[C];
+  for (int64_t g = 0; g < G; g += 2) {
+    __m512i q[C];
+    __m512 scale[C];
+    __mmask64 negative[C];
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* b = a.w + (n0 + c) * a.row_bytes + (g / PB) * block_bytes(FMT);
+      const int j = int(g % PB);
+      _mm_prefetch(reinterpret_cast<const char*>(b) + kPrefetch, _MM_HINT_T1);
+      if (j == 0) block_scales<FMT>(b, ks[c]);
+      VGroup v0, v1;
+      vdecode<FMT>(b, j, v0, ks[c]);
+      vdecode<FMT>(PB == 1 ? b + block_bytes(FMT) : b, PB == 1 ? 0 : j + 1, v1, ks[c]);
+      if (SIGNED) {
+        const __m512i s = _mm512_inserti64x4(_mm512_castsi256_si512(v0.sign), v1.sign, 1);
+        q[c] = _mm512_abs_epi8(s);
+        negative[c] = _mm512_movepi8_mask(s);
+      } else {
+        q[c] = _mm512_inserti64x4(_mm512_castsi256_si512(v0.q), v1.q, 1);
+      }
+      scale[c] = _mm512_insertf32x8(_mm512_castps256_ps512(v0.scale), v1.scale, 1);
+      if (OFFSET) {
+        offs[c * G + g] = v0.offset;
+        offs[c * G + g + 1] = v1.offset;
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = r0 + r;
+      const __m512i xq = _mm512_loadu_si512(x.q.data() + row * a.k + 32 * g);
+      const __m128 d2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x.d.data() + row * G + g)));
+      const __m512 xd = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(d2));
+      for (int c = 0; c < C; ++c) {
+        const __m512i xs = SIGNED ? _mm512_mask_sub_epi8(xq, negative[c], _mm512_setzero_si512(), xq) : xq;
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], xs));
+        acc[c][r] = _mm512_fmadd_ps(f, _mm512_mul_ps(scale[c], xd), acc[c][r]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r) {
+      const float off = OFFSET ? dot_f32(offs + c * G, x.dsum.data() + (r0 + r) * G, G) : 0.0f;
+      a.y[(r0 + r) * a.n + n0 + c] = _mm512_reduce_add_ps(acc[c][r]) + off;
+    }
+}
+#endif
+
 #else  // portable scalar code: the same arithmetic one lane at a time
 
 template <int FMT, int C, int R>
@@ -339,6 +403,23 @@ static void qcolumns(const QArgs& a, int64_t n0, int64_t n1, int64_t m) {
   std::vector<float> offs(4 * a.groups);
   float* o = offs.data();
   int64_t n = n0;
+#ifdef RS_AVX512
+  if (a.groups % 2 == 0) {
+    for (; n < n1;) {
+      const bool pair = n + 2 <= n1 && m > 1;
+      int64_t r = 0;
+      for (; r + 4 <= m; r += 4) pair ? qtile512<F, 2, 4>(a, n, r, o) : qtile512<F, 1, 4>(a, n, r, o);
+      switch (m - r) {
+        case 3: pair ? qtile512<F, 2, 3>(a, n, r, o) : qtile512<F, 1, 3>(a, n, r, o); break;
+        case 2: pair ? qtile512<F, 2, 2>(a, n, r, o) : qtile512<F, 1, 2>(a, n, r, o); break;
+        case 1: pair ? qtile512<F, 2, 1>(a, n, r, o) : qtile512<F, 1, 1>(a, n, r, o); break;
+        default: break;
+      }
+      n += pair ? 2 : 1;
+    }
+    return;
+  }
+#endif
   for (; n < n1;) {
     const bool pair = n + 2 <= n1;
     int64_t r = 0;
@@ -469,6 +550,38 @@ at::Tensor qmatmul(const at::Tensor& x_in, const at::Tensor& w, int64_t fmt, int
   return y.view(shape);
 }
 
+#ifdef RS_AVX2
+// One row de-quantised with the vector decoder, value by value the same operations as
+// decode_group + group_value (and so as GGUF's own de-quantisation): d·(q − 8) for Q4_0,
+// d·(q − 16) for Q5_0, d·q for Q8_0 and Q6_K (q signed), scale·q + offset for the others.
+template <int FMT>
+static void dequant_row(const uint8_t* row, int64_t k, float* dst) {
+  constexpr int PB = groups_per_block<FMT>();
+  KScales ks;
+  for (int64_t g = 0; g < k / 32; ++g) {
+    const uint8_t* b = row + (g / PB) * block_bytes(FMT);
+    const int j = int(g % PB);
+    if (j == 0) block_scales<FMT>(b, ks);
+    VGroup v;
+    vdecode<FMT>(b, j, v, ks);
+    __m256i q = v.q;
+    if (FMT == Q8_0 || FMT == Q6_K) q = v.sign;
+    if (FMT == Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    if (FMT == Q5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    const bool offset = !(FMT == Q4_0 || FMT == Q5_0 || FMT == Q8_0 || FMT == Q6_K);
+    for (int part = 0; part < 4; ++part) {
+      const __m128i bytes = part < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part % 2 ? _mm_srli_si128(bytes, 8) : bytes));
+      // lanes of v.scale: 0-3 first half, 4-7 second half of the group
+      const __m256 s = _mm256_permutevar8x32_ps(v.scale, _mm256_set1_epi32(part < 2 ? 0 : 4));
+      __m256 w = _mm256_mul_ps(s, f);
+      if (offset) w = _mm256_add_ps(w, _mm256_set1_ps(v.offset));
+      _mm256_storeu_ps(dst + 32 * g + 8 * part, w);
+    }
+  }
+}
+#endif
+
 // Rows `ids` of W as fp32 (rows, K), computed as GGUF's own de-quantisation computes them.
 at::Tensor dequantize_rows(const at::Tensor& w, int64_t fmt, int64_t k, const at::Tensor& ids_in) {
   check_weight(w, fmt, k);
@@ -488,11 +601,24 @@ at::Tensor dequantize_rows(const at::Tensor& w, int64_t fmt, int64_t k, const at
         for (int64_t t = 0; t < k; ++t) dst[t] = plain_value(int(fmt), row, t);
         continue;
       }
+#ifdef RS_AVX2
+      switch (fmt) {
+        case Q4_0: dequant_row<Q4_0>(row, k, dst); break;
+        case Q4_1: dequant_row<Q4_1>(row, k, dst); break;
+        case Q5_0: dequant_row<Q5_0>(row, k, dst); break;
+        case Q5_1: dequant_row<Q5_1>(row, k, dst); break;
+        case Q8_0: dequant_row<Q8_0>(row, k, dst); break;
+        case Q4_K: dequant_row<Q4_K>(row, k, dst); break;
+        case Q5_K: dequant_row<Q5_K>(row, k, dst); break;
+        default: dequant_row<Q6_K>(row, k, dst); break;
+      }
+#else
       Group grp;
       for (int64_t g = 0; g < k / 32; ++g) {
         decode_group(int(fmt), row, g, grp);
         for (int t = 0; t < 32; ++t) dst[32 * g + t] = group_value(int(fmt), grp, t);
       }
+#endif
     }
   });
   return out;
