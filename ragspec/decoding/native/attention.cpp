@@ -82,21 +82,49 @@ static inline float dot(const float* a, const float* b, int64_t d) {
   return s;
 }
 
+#ifdef RS_AVX2
+// Eight keys' dot products with q at once: acc[i] collects key i's products 8 lanes at a time,
+// then one transpose-and-add tree turns the eight accumulators into the eight sums. Every key
+// is reduced by the same tree (lane pairs in the same order), whichever block it is in.
+static inline __m256 dot8(const float* q, const float* k, int64_t stride, int64_t d) {
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + c);
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * stride + c), acc[i]);
+  }
+  const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  // lanes: [k0 k1 k2 k3 | k0 k1 k2 k3] halves of the sums for keys 0-3, and the same for 4-7
+  const __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
+  const __m256 hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+#endif
+
 // One query row against keys lo..hi: scores -> probabilities -> weighted sum of values.
 static void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
                        int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
                        std::vector<float>& s) {
   const int64_t n = hi - lo + 1;
   s.resize(n);
+  int64_t j = 0;
+#ifdef RS_AVX2
+  if (d % 8 == 0) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (; j + 8 <= n; j += 8)
+      _mm256_storeu_ps(s.data() + j, _mm256_mul_ps(dot8(q, k + (lo + j) * kstride, kstride, d), vs));
+  }
+#endif
+  for (; j < n; ++j) s[j] = dot(q, k + (lo + j) * kstride, d) * scale;
   float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) {
-    float x = dot(q, k + (lo + j) * kstride, d) * scale;
-    if (softcap > 0.0f) x = softcap * std::tanh(x / softcap);
-    s[j] = x;
-    mx = std::max(mx, x);
+  for (j = 0; j < n; ++j) {
+    if (softcap > 0.0f) s[j] = softcap * std::tanh(s[j] / softcap);
+    mx = std::max(mx, s[j]);
   }
   float total;
-  int64_t j = 0;
+  j = 0;
 #ifdef RS_AVX2
   __m256 acc = _mm256_setzero_ps();
   const __m256 vmx = _mm256_set1_ps(mx);
@@ -113,20 +141,28 @@ static void attend_row(const float* q, const float* k, const float* v, int64_t k
     s[j] = exp_neg(s[j] - mx);
     total += s[j];
   }
-  for (int64_t i = 0; i < d; ++i) out[i] = 0.0f;
-  for (j = 0; j < n; ++j) {
-    const float p = s[j];
-    const float* vj = v + (lo + j) * vstride;
-    int64_t i = 0;
-#ifdef RS_AVX2
-    const __m256 vp = _mm256_set1_ps(p);
-    for (; i + 8 <= d; i += 8)
-      _mm256_storeu_ps(out + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(vj + i), _mm256_loadu_ps(out + i)));
-#endif
-    for (; i < d; ++i) out[i] = std::fma(p, vj[i], out[i]);
-  }
   const float inv = 1.0f / total;
-  for (int64_t i = 0; i < d; ++i) out[i] *= inv;
+  int64_t c = 0;
+#ifdef RS_AVX2
+  // Σ_j p_j v_j, 64 dimensions at a time held in registers, keys in order
+  for (; c + 64 <= d; c += 64) {
+    __m256 o[8];
+    for (int i = 0; i < 8; ++i) o[i] = _mm256_setzero_ps();
+    for (j = 0; j < n; ++j) {
+      const __m256 p = _mm256_set1_ps(s[j]);
+      const float* vj = v + (lo + j) * vstride + c;
+      for (int i = 0; i < 8; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * i), o[i]);
+    }
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, _mm256_mul_ps(o[i], vi));
+  }
+#endif
+  for (int64_t i = c; i < d; ++i) out[i] = 0.0f;
+  for (j = 0; j < n && c < d; ++j) {
+    const float* vj = v + (lo + j) * vstride;
+    for (int64_t i = c; i < d; ++i) out[i] = std::fma(s[j], vj[i], out[i]);
+  }
+  for (int64_t i = c; i < d; ++i) out[i] *= inv;
 }
 
 // q (Hq, T, D), k/v (Hkv, L, D) with any head stride and contiguous rows, lo/hi (T) int64:
