@@ -300,9 +300,10 @@ def test_two_first_runs_convert_a_gguf_once_and_both_get_the_folder(user_gguf):
 
 
 @pytest.mark.slow
-def test_a_converted_gguf_loads_fast_with_the_bundled_models_logits(user_gguf, bundled):
+def test_a_converted_gguf_loads_fast_with_the_bundled_models_logits(user_gguf, bundled_fp32):
+    bundled = bundled_fp32
     path, cache, _ = user_gguf
-    loaded = load_model(str(path), cache)
+    loaded = load_model(str(path), cache, weights="fp32")
     assert not loaded.converted
     assert loaded.load_seconds < 5.0  # measured ~0.3-0.6 s on the 2-core development machine
     ids = torch.tensor([list(range(100, 160))])
@@ -334,3 +335,21 @@ def test_generate_with_a_gguf_path_works_and_a_changed_file_converts_again(user_
         f.write(b"\0" * 64)  # trailing bytes: a different file, still readable
     assert needs_conversion(str(copy), cache)
     assert content_hash(copy, cache) != content_hash(path, cache)
+
+
+@pytest.mark.slow
+def test_a_gguf_runs_packed_by_default_in_the_files_own_formats(user_gguf, bundled):
+    """By default a GGUF file is not de-quantised: its weights are kept in its own formats
+    (the bundled file: Q4_1 layers, a Q8_0 embedding), converted once into a packed folder, and
+    the model computes what the bundled model computes."""
+    from ragspec.decoding.packed import packed_bytes, packed_formats
+
+    path, cache, _ = user_gguf
+    first = load_model(str(path), cache)
+    assert first.weights == "gguf" and packed_formats(first.model) == ["Q4_1", "Q8_0"]
+    assert packed_bytes(first.model) <= 1.05 * path.stat().st_size
+    again = load_model(str(path), cache)
+    assert not again.converted
+    ids = torch.tensor([list(range(100, 160))])
+    with torch.inference_mode():
+        assert torch.equal(again.model(ids).logits, bundled.model(ids).logits)

@@ -157,10 +157,13 @@ def _hparams(writer, arch: str, cfg) -> None:
     under the keys it reads them from."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-    mapping = GGUF_CONFIG_MAPPING.get(arch, {})
-    for gguf_key, hf_key in mapping.items():
+    mapping = {k: v for k, v in GGUF_CONFIG_MAPPING.get(arch, {}).items()
+               if k not in ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon",
+                            "rope.freq_base")}
+    for gguf_key, hf_key in list(mapping.items()):
         value = getattr(cfg, hf_key, None) if hf_key else None
         if value is None or isinstance(value, (list, dict)):
+            del mapping[gguf_key]
             continue
         key = f"{arch}.{gguf_key}"
         if isinstance(value, bool):
@@ -169,7 +172,31 @@ def _hparams(writer, arch: str, cfg) -> None:
             writer.add_uint32(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    written = {f"{arch}.{k}" for k in mapping}
+    hidden, layers = cfg.hidden_size, cfg.num_hidden_layers
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    # what llama.cpp reads for every architecture, where transformers' mapping has no entry
+    standard = {
+        "context_length": getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", CONTEXT),
+        "embedding_length": hidden, "block_count": layers,
+        "feed_forward_length": getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * hidden,
+        "attention.head_count": heads,
+        "attention.head_count_kv": getattr(cfg, "num_key_value_heads", None) or heads,
+    }
+    for key, value in standard.items():
+        if f"{arch}.{key}" not in written:
+            writer.add_uint32(f"{arch}.{key}", int(value))
+    eps = getattr(cfg, "rms_norm_eps", None)
+    if eps is not None:
+        writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(eps))
+    eps = getattr(cfg, "layer_norm_epsilon", None) or getattr(cfg, "layer_norm_eps", None)
+    if eps is not None:
+        writer.add_float32(f"{arch}.attention.layer_norm_epsilon", float(eps))
+    for key, attr in (("attention.scale", "attention_multiplier"), ("embedding_scale", "embedding_multiplier"),
+                      ("residual_scale", "residual_multiplier"), ("logit_scale", "logits_scaling")):
+        if getattr(cfg, attr, None) is not None:  # Granite's multipliers
+            writer.add_float32(f"{arch}.{key}", float(getattr(cfg, attr)))
     writer.add_uint32(f"{arch}.attention.key_length", head_dim)
     writer.add_uint32(f"{arch}.attention.value_length", head_dim)
     theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta")
@@ -225,3 +252,37 @@ def write_gguf(name: str, mix: str, path: Path | str, seed: int = 0) -> Path:
     writer.write_tensors_to_file(progress=False)
     writer.close()
     return Path(path)
+
+
+def random_entries(name: str, mix: str, seed: int = 0) -> dict:
+    """The packed entries of shape `name` in mix `mix` with random weights, without a GGUF
+    file (families whose GGUF files transformers cannot map, e.g. GPT-NeoX)."""
+    import torch
+
+    from ragspec.decoding.packed import PackedWeight
+    from ragspec.decoding.packing import meta_model_from_config, targets
+
+    cfg = config(name)
+    model = meta_model_from_config(cfg)
+    kinds = targets(model)
+    rng = np.random.default_rng(seed)
+    head = model.get_output_embeddings()
+    head_name = next((n for n, m in model.named_modules() if m is head), None)
+    entries, seen = {}, {}
+    for hf_name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            entries[hf_name] = seen[id(tensor)]
+            continue
+        shape = tuple(tensor.shape)
+        if kinds.get(hf_name) and len(shape) == 2:
+            rows, k = (shape[1], shape[0]) if kinds[hf_name] == "conv1d" else shape
+            layer = next((int(p) for p in hf_name.split(".") if p.isdigit()), 0)
+            role = "output.weight" if hf_name == f"{head_name}.weight" else (
+                f"blk.{layer}.attn_v.weight" if "v_proj" in hf_name else
+                f"blk.{layer}.ffn_down.weight" if "down" in hf_name else f"blk.{layer}.x.weight")
+            fmt = tensor_format(mix, role, k, cfg.num_hidden_layers)
+            value = PackedWeight(torch.from_numpy(random_blocks(fmt, rows, k, rng)), fmt, k)
+        else:
+            value = torch.from_numpy(1.0 + 0.01 * rng.standard_normal(shape, dtype=np.float32))
+        entries[hf_name] = seen[id(tensor)] = value
+    return entries

@@ -112,8 +112,8 @@ def _one(eng, shapes, name, mix, where, engine_list, context, max_tokens, rounds
     for engine in engine_list:
         click.echo(f"{engine} on {path.name}...", err=True)
         try:
-            entry[engine] = eng.measure_file(engine, path, name, context, max_tokens, rounds,
-                                             threads)
+            entry[engine] = eng.measure_file(engine, path, name, mix, context, max_tokens,
+                                             rounds, threads)
         except RuntimeError as exc:
             entry[engine] = {"error": str(exc)}
             click.echo(f"  failed: {printable(str(exc))}", err=True)
