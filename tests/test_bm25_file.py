@@ -1,0 +1,61 @@
+"""keywords.npz is derived data that must never be trusted past what it says it is: the file
+names the tokenizer that built it (another tokenizer's postings are rebuilt from the texts, not
+kept), and a file whose offsets run backwards is refused instead of read into wrong postings."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from ragspec.retrieval import bm25
+from ragspec.retrieval.bm25 import BM25Index
+
+PASSAGES = [("a", "The disk is full."), ("b", "Error E204: the disk quota is full, full."),
+            ("c", "Set max_log_size to 7432 bytes.")]
+ORDER = [pid for pid, _ in PASSAGES]
+
+
+def _arrays(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+
+
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def test_a_file_built_by_another_tokenizer_is_rebuilt_from_the_texts(monkeypatch):
+    # Written by a tokenizer that cut identifiers at underscores: "max", "log", "size".
+    monkeypatch.setattr(bm25, "tokenize", lambda text: text.lower().replace("_", " ").split())
+    monkeypatch.setattr(bm25, "TOKENIZER", "words split at underscores", raising=False)
+    old = BM25Index.build(PASSAGES).to_bytes(ORDER)
+    monkeypatch.undo()
+    restored = BM25Index.restore(old, PASSAGES)
+    assert [pid for pid, _ in restored.top("max_log_size", 3)] == ["c"]
+    assert restored.score("e204 full") == BM25Index.build(PASSAGES).score("e204 full")
+    with pytest.raises(ValueError, match="tokenizer"):
+        BM25Index.from_bytes(old, ORDER)
+
+
+def test_a_file_without_a_tokenizer_name_is_not_trusted():
+    arrays = _arrays(BM25Index.build(PASSAGES).to_bytes(ORDER))
+    arrays.pop("tokenizer", None)
+    with pytest.raises(ValueError, match="tokenizer"):
+        BM25Index.from_bytes(_npz(arrays), ORDER)
+
+
+def test_offsets_that_run_backwards_are_refused():
+    arrays = _arrays(BM25Index.build(PASSAGES).to_bytes(ORDER))
+    offsets = arrays["offsets"].copy()
+    assert len(offsets) >= 4 and offsets[1] < offsets[2]
+    offsets[1], offsets[2] = offsets[2], offsets[1]  # same length, same last value, not monotonic
+    arrays["offsets"] = offsets
+    with pytest.raises(ValueError, match="offsets"):
+        BM25Index.from_bytes(_npz(arrays), ORDER)
+    # restore() rebuilds instead of reading the damaged postings
+    assert BM25Index.restore(_npz(arrays), PASSAGES).score("disk") == \
+        BM25Index.build(PASSAGES).score("disk")
