@@ -16,9 +16,9 @@ from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH
 from ragspec.terminal import printable
 
 index_option = click.option(
-    "--index", "index", metavar="DIR", default=None,
-    type=click.Path(file_okay=False, dir_okay=True),
-    help="Index directory (default: $RAGSPEC_HOME/index).",
+    "--index", "index", metavar="INDEX", default=None,
+    help="Index: a folder (default: $RAGSPEC_HOME/index), milvus:PATH.db (Milvus Lite) or "
+         "milvus://HOST:PORT/COLLECTION (a Milvus server; token in RAGSPEC_MILVUS_TOKEN).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout.")
 search_mode_option = click.option(
@@ -129,6 +129,8 @@ def open_store(index: str | None, *, with_embedder: bool = True,
         store = loading.open_store(index, with_embedder=with_embedder)
     except RetrievalError as exc:
         raise click.ClickException(str(exc)) from exc
+    except ValueError as exc:  # a malformed Milvus location
+        raise click.UsageError(str(exc)) from exc
     if require_documents and store.passage_count() == 0:
         raise click.ClickException(
             f"no documents in the index at {store.index_dir}: add some with "

@@ -61,8 +61,9 @@ def streamlit_env(index: str | None, models: tuple[str, ...] = (),
               help="Port to serve on.")
 @click.option("--host", default="localhost", show_default=True,
               help="Address to bind (0.0.0.0 to accept other machines).")
-@click.option("--index", default=None, metavar="DIR",
-              help="Index directory (default: $RAGSPEC_HOME/index).")
+@click.option("--index", default=None, metavar="INDEX",
+              help="Index: a folder (default: $RAGSPEC_HOME/index), milvus:PATH.db or "
+                   "milvus://HOST:PORT/COLLECTION.")
 @click.option("--model", "models", multiple=True, metavar="[NAME=]M",
               help="A model the chat offers (repeat for several; the browser picks among their "
                    "names and cannot name another): a model folder, a cached Hugging Face id, "

@@ -113,6 +113,9 @@ class StoreBase:
         """Passages by id with their cosine to `vector` (hybrid hits found by keywords only)."""
         ...
 
+    def close(self) -> None:
+        """Release connections (a folder store holds none)."""
+
     # -- reading ------------------------------------------------------------------------------
 
     def documents(self) -> list[DocumentInfo]:

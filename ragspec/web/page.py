@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # streamlit puts ragspec/web/, not the checkout, 
 
 import streamlit as st
 
-from ragspec import paths
+from ragspec import loading, paths
 from ragspec.web import answering
 from ragspec.web import model_choice as ui_models
 from ragspec.web import page_html as rd
@@ -43,17 +43,17 @@ def get_store(index_dir: str, commit: str | None, embedder_name: str | None):
     # Keyed by the commit on disk, so an ingest by the CLI (or another app process) shows up on
     # the next page run; opening reads the index files, no embedding.
     from ragspec.loading import cached_embedder
-    from ragspec.retrieval.store import PassageStore
+    from ragspec.retrieval.backends import open_index
 
-    return PassageStore.open(index_dir, cached_embedder(embedder_name))
+    return open_index(index_dir, cached_embedder(embedder_name))
 
 
 def current_store(index_dir: str):
     from ragspec.loading import EMBEDDER_ENV
-    from ragspec.retrieval import persist
+    from ragspec.retrieval.backends import current_commit
 
     with st.spinner("Loading the embedding model..."):
-        return get_store(index_dir, persist.current_commit(Path(index_dir)),
+        return get_store(index_dir, current_commit(index_dir),
                          os.environ.get(EMBEDDER_ENV) or None)
 
 
@@ -81,7 +81,7 @@ def open_chat(chats: ChatStore) -> dict | None:
 st.set_page_config(page_title="ragspec", page_icon="📄", layout="wide")
 st.markdown(rd.STYLE, unsafe_allow_html=True)
 index_lock = get_index_lock()
-index_dir = str(paths.index_dir(os.environ.get("RAGSPEC_UI_INDEX")))
+index_dir = str(loading.index_location(os.environ.get("RAGSPEC_UI_INDEX")))
 upload_root = paths.home() / "uploads"
 chats = ChatStore(paths.home() / "chats")
 choices = ui_models.from_env()
