@@ -49,6 +49,15 @@ def model_options(f):
     return f
 
 
+def generator_option(f):
+    """--generator URL: generate on an OpenAI-compatible server instead of in this process."""
+    return click.option(
+        "--generator", "generator_url", default=None, metavar="URL",
+        help="Generate on an OpenAI-compatible server (vLLM, llama.cpp's server, ragspec "
+             "serve, ...): its /v1 base URL, e.g. http://127.0.0.1:8000/v1, or URL#MODEL to "
+             "pick a model id. API key from RAGSPEC_GENERATOR_KEY. Retrieval stays here.")(f)
+
+
 def draft_options(f):
     f = click.option("--max-draft", default=16, show_default=True, type=click.IntRange(1, 64),
                      help="Most draft tokens verified in one forward.")(f)
@@ -92,10 +101,22 @@ def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_ad
 
 
 def generator_from_options(model_spec: str | None, device: str | None = None, exact: bool = False,
-                           max_draft: int = 16, quiet: bool = False):
+                           max_draft: int = 16, quiet: bool = False,
+                           generator_url: str | None = None):
     """Load as ragspec.loading.load_generator does, with progress notes on stderr and errors as one
     clear line.
-    A model that cannot speculate (its layers cannot be rolled back) is said so once."""
+    A model that cannot speculate (its layers cannot be rolled back) is said so once.
+    generator_url: connect to that server instead (ragspec.remote); --model must be unset."""
+    if generator_url is not None:
+        from ragspec.remote import RemoteGeneratorError, connect
+
+        if model_spec is not None:
+            raise click.UsageError("--model and --generator exclude each other: the server "
+                                   "has its model (pick one with URL#MODEL)")
+        try:
+            return connect(generator_url)
+        except RemoteGeneratorError as exc:
+            raise click.ClickException(printable(str(exc))) from exc
     from ragspec.decoding.calibrate import COSTS_FILE
     from ragspec.decoding.model import BUNDLED, ModelNotFound, load_model
     from ragspec.loading import generator_for
