@@ -16,7 +16,8 @@ Contract:
     one passage, if it holds at least MIN_QUOTE_WORDS words; the rest are plain spans. The
     earliest passage (then the earliest place in it) wins ties. `feed(text_so_far)` gives the
     spans it can decide while text is still arriving (a run that may still grow waits), and
-    `finish(text)` the rest: fed or at once, the spans are the same.
+    `finish(text)` the rest: fed or at once, the quoted spans are the same and the texts of
+    all spans concatenate to the answer (plain text may come in more pieces).
   * `locate(text, passages)` is where a copied text (a draft a server reported without its
     passage) lies: (passage index, start, end) of its first occurrence, or None.
 
