@@ -8,8 +8,14 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragspec.quoting import MIN_QUOTE_WORDS, QuotedSpan, QuoteFinder, locate, quote_spans
-from ragspec.quoting import span_from_dict
+from ragspec.quoting import (
+    MIN_QUOTE_WORDS,
+    QuotedSpan,
+    QuoteFinder,
+    locate,
+    quote_spans,
+    span_from_dict,
+)
 
 PASSAGES = ["Workers poll the queue every 5 seconds and back off when it is empty.",
             "Error E204 means the namespace quota is exhausted; raise the quota or wait."]
