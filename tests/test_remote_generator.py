@@ -99,7 +99,9 @@ def test_a_server_without_drafts_answers_from_our_passages_with_quoted_spans(ser
     out = _ask("--generator", url)
     assert [p["text"] for p in out["passages"]] == [DOC.strip()]
     _check_quoted(out)
-    assert out["answer"]["stats"]["new_tokens"] > 0
+    # Token counts come from the server's usage report; llama-cpp-python's server sends none
+    # when streaming, and then they stay 0 (unknown) rather than guessed.
+    assert out["answer"]["stats"]["new_tokens"] > 0 or server == "llama_url"
     assert out["model"].endswith(url.split("//")[1].split("/")[0])
 
 

@@ -379,6 +379,9 @@ class MilvusStore(StoreBase):
         if self._lc is None:
             from langchain_milvus import BM25BuiltInFunction, Milvus
 
+            # It warns that its async client needs an event loop; nothing here is async.
+            logging.getLogger("langchain_milvus").setLevel(logging.ERROR)
+
             self._lc = Milvus(
                 embedding_function=self.embedder, collection_name=self._names()[0],
                 connection_args={"uri": self.location.uri,
