@@ -67,7 +67,9 @@ def streamlit_env(index: str | None, models: tuple[str, ...] = (),
 @click.option("--model", "models", multiple=True, metavar="[NAME=]M",
               help="A model the chat offers (repeat for several; the browser picks among their "
                    "names and cannot name another): a model folder, a cached Hugging Face id, "
-                   "or 'bundled'. Default: the bundled SmolLM2-135M-Instruct.")
+                   "'bundled', or an OpenAI-compatible server's URL (http://host:port/v1, "
+                   "URL#MODEL for a model id; answers are generated there). Default: the "
+                   "bundled SmolLM2-135M-Instruct.")
 @click.option("--max-loaded", default=None, type=click.IntRange(min=1), metavar="N",
               help="Keep at most N of the offered models in memory (default: all of them).")
 def ui(port, host, index, models, max_loaded):
