@@ -141,13 +141,10 @@ class RemoteStream:
         self.extension: dict | None = None
         self._text = ""
         self._stop_requested = False
-        self._iter = self._run()
+        self._spans = self._run()  # one pass over the server's answer, however it is iterated
 
     def __iter__(self) -> Iterator[Span]:
-        return self
-
-    def __next__(self) -> Span:
-        return next(self._iter)
+        return self._spans
 
     def stop(self) -> None:
         """End at the next chunk, keeping what arrived (stop_reason "stopped")."""

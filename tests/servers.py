@@ -4,6 +4,7 @@ tests. A server that is not installed is skipped with the reason and how to inst
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -55,12 +56,17 @@ def serving(argv: list[str], port: int, log: Path, env: dict | None = None):
                 time.sleep(1)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Terminate, and kill what does not end within 30 s."""
+    process.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=30)
+        return
+    process.kill()
+    process.wait()
 
 
 def transformers_serve(model_dir: Path, log: Path):

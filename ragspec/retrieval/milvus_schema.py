@@ -42,28 +42,28 @@ def create_collections(client, names: tuple[str, str, str], dim: int) -> None:
         client.create_collection(passages, schema=schema, index_params=index,
                                  consistency_level="Strong")
     if not client.has_collection(documents):
-        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
-        schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=100)
-        schema.add_field("doc_id", DataType.VARCHAR, max_length=64)
-        schema.add_field("gen", DataType.INT64)
-        schema.add_field("source", DataType.VARCHAR, max_length=8192)
-        schema.add_field("sha256", DataType.VARCHAR, max_length=64)
-        schema.add_field("size_bytes", DataType.INT64)
-        schema.add_field("ingested_at", DataType.VARCHAR, max_length=64)
-        schema.add_field("passages", DataType.INT64)
-        _table(client, documents, schema)
+        _table(client, documents, [
+            ("pk", DataType.VARCHAR, {"is_primary": True, "max_length": 100}),
+            ("doc_id", DataType.VARCHAR, {"max_length": 64}), ("gen", DataType.INT64, {}),
+            ("source", DataType.VARCHAR, {"max_length": 8192}),
+            ("sha256", DataType.VARCHAR, {"max_length": 64}),
+            ("size_bytes", DataType.INT64, {}),
+            ("ingested_at", DataType.VARCHAR, {"max_length": 64}),
+            ("passages", DataType.INT64, {})])
     if not client.has_collection(meta):
-        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
-        schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=200)
-        schema.add_field("kind", DataType.VARCHAR, max_length=16)
-        schema.add_field("gen", DataType.INT64)
-        schema.add_field("body", DataType.VARCHAR, max_length=65535)
-        _table(client, meta, schema)
+        _table(client, meta, [
+            ("pk", DataType.VARCHAR, {"is_primary": True, "max_length": 200}),
+            ("kind", DataType.VARCHAR, {"max_length": 16}), ("gen", DataType.INT64, {}),
+            ("body", DataType.VARCHAR, {"max_length": 65535})])
 
 
-def _table(client, name: str, schema) -> None:
+def _table(client, name: str, fields: list[tuple]) -> None:
+    """A collection used as a table: the fields, and the placeholder vector Milvus needs."""
     from pymilvus import DataType
 
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    for field, kind, options in fields:
+        schema.add_field(field, kind, **options)
     schema.add_field("v", DataType.FLOAT_VECTOR, dim=PLACEHOLDER_DIM)
     index = client.prepare_index_params()
     index.add_index("v", index_type="FLAT", metric_type="L2")
