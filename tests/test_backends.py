@@ -213,3 +213,14 @@ def test_opening_a_missing_milvus_lite_file_creates_nothing(tmp_path, opened):
     assert store.passage_count() == 0 and store.documents() == []
     assert store.search("anything", k=2) == []
     assert not (tmp_path / "new.db").exists()
+
+
+def test_current_commit_follows_each_commit_on_every_backend(kind, tmp_path, docs, opened):
+    where = location(kind, tmp_path)
+    assert backends.current_commit(where) is None
+    store = opened(where)
+    ingest_paths([docs / "alpha.txt"], store)
+    first = backends.current_commit(where)
+    assert first is not None and first == store._disk_commit()
+    store.remove(str(docs / "alpha.txt"))
+    assert backends.current_commit(where) not in (None, first)

@@ -73,10 +73,18 @@ def open_index(value: str | os.PathLike, embedder=None, *,
     return PassageStore.open(value, embedder, lock_timeout=lock_timeout)
 
 
+_peekers: dict[str, object] = {}  # Milvus location -> a store that reads only its manifest
+
+
 def current_commit(value: str | os.PathLike) -> str | None:
-    """The commit the index holds now (None: no index yet); cheap for a folder."""
+    """The commit the index holds now (None: no index yet); one small read."""
     if is_milvus(value):
-        return open_index(value)._disk_commit()
+        from ragspec.retrieval.milvus_store import MilvusStore
+
+        key = str(value)
+        if key not in _peekers:
+            _peekers[key] = MilvusStore.peek(parse(key))
+        return _peekers[key]._disk_commit()
     from ragspec.retrieval import persist
 
     return persist.current_commit(Path(value).expanduser())

@@ -99,6 +99,15 @@ class MilvusStore(StoreBase):
              lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> MilvusStore:
         return cls(location, embedder, lock_timeout)
 
+    @classmethod
+    def peek(cls, location: MilvusLocation) -> MilvusStore:
+        """A store that has loaded nothing: enough to ask `_disk_commit()` cheaply."""
+        store = cls.__new__(cls)
+        store.location, store.index_dir = location, location.spec
+        store._init_common(None, DEFAULT_LOCK_TIMEOUT)
+        store._client, store._lc = None, None
+        return store
+
     # -- connection and names ---------------------------------------------------------------
 
     def _names(self) -> tuple[str, str, str]:
