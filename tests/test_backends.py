@@ -224,3 +224,16 @@ def test_current_commit_follows_each_commit_on_every_backend(kind, tmp_path, doc
     assert first is not None and first == store._disk_commit()
     store.remove(str(docs / "alpha.txt"))
     assert backends.current_commit(where) not in (None, first)
+
+
+def test_an_ivf_milvus_index_is_searched_and_remembered(tmp_path, docs, opened, monkeypatch):
+    where = f"milvus:{tmp_path}/ivf.db"
+    monkeypatch.setenv("RAGSPEC_MILVUS_INDEX", "ivf_flat")
+    ingest_paths([docs], opened(where))
+    monkeypatch.delenv("RAGSPEC_MILVUS_INDEX")
+    store = opened(where)  # the collection keeps the index it was made with
+    assert store._vector_index == "IVF_FLAT"
+    assert "E204" in store.search("E204 quota", k=1, mode="hybrid")[0].passage.text
+    monkeypatch.setenv("RAGSPEC_MILVUS_INDEX", "HNSW")
+    with pytest.raises(ValueError, match="FLAT, IVF_FLAT"):
+        opened(f"milvus:{tmp_path}/other.db")

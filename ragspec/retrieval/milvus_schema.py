@@ -1,9 +1,13 @@
 """The Milvus collections of one ragspec index (see milvus_store.py for what each row means).
 
-Contract: `create_collections(client, (passages, documents, meta), dim)` creates whichever of
-the three does not exist yet, with its indexes, and loads them; existing ones are left as they
-are. Vectors are searched exactly (FLAT, inner product on normalised vectors: cosine
-similarity), like the FAISS folder store, so both backends rank the same passages the same way;
+Contract: `create_collections(client, (passages, documents, meta), dim, vector_index)` creates
+whichever of the three does not exist yet, with its indexes, and loads them; existing ones are
+left as they are. Vectors are searched by inner product on normalised vectors (cosine
+similarity). `vector_index` (RAGSPEC_MILVUS_INDEX when the collection is created) is "FLAT" by
+default: exact, like the FAISS folder store, so both backends rank the same passages the same
+way; "IVF_FLAT" clusters the vectors (IVF_NLIST lists) and searches the IVF_NPROBE nearest
+lists: approximate, for indexes too large to scan on every question (Milvus Lite offers these
+two; a server offers more);
 the text field is analysed by Milvus' standard tokenizer with lowercasing, and its BM25 function
 fills the sparse field that keyword search ranks.
 """
@@ -11,12 +15,32 @@ fills the sparse field that keyword search ranks.
 from __future__ import annotations
 
 BM25_PARAMS = {"bm25_k1": 1.2, "bm25_b": 0.75}
+INDEX_ENV = "RAGSPEC_MILVUS_INDEX"
+VECTOR_INDEXES = ("FLAT", "IVF_FLAT")
+IVF_NLIST = 1024
+IVF_NPROBE = 32
+
+
+def vector_index_from_env() -> str:
+    """The vector index a new collection gets (RAGSPEC_MILVUS_INDEX, default FLAT)."""
+    import os
+
+    kind = (os.environ.get(INDEX_ENV) or "FLAT").upper()
+    if kind not in VECTOR_INDEXES:
+        raise ValueError(f"{INDEX_ENV}={kind!r}: use one of {', '.join(VECTOR_INDEXES)}")
+    return kind
+
+
+def search_params(kind: str) -> dict:
+    """Milvus search parameters for the dense field under index `kind`."""
+    return {"metric_type": "IP", "params": {"nprobe": IVF_NPROBE} if kind == "IVF_FLAT" else {}}
 ANALYZER = {"tokenizer": "standard", "filter": ["lowercase"]}
 # A placeholder vector for the two collections that are tables (Milvus needs one per collection).
 PLACEHOLDER_DIM = 2
 
 
-def create_collections(client, names: tuple[str, str, str], dim: int) -> None:
+def create_collections(client, names: tuple[str, str, str], dim: int,
+                       vector_index: str = "FLAT") -> None:
     from pymilvus import DataType, Function, FunctionType
 
     passages, documents, meta = names
@@ -36,7 +60,8 @@ def create_collections(client, names: tuple[str, str, str], dim: int) -> None:
                                      input_field_names=["text"],
                                      output_field_names=["sparse"]))
         index = client.prepare_index_params()
-        index.add_index("vector", index_type="FLAT", metric_type="IP")
+        index.add_index("vector", index_type=vector_index, metric_type="IP",
+                        params={"nlist": IVF_NLIST} if vector_index == "IVF_FLAT" else {})
         index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25",
                         params=BM25_PARAMS)
         client.create_collection(passages, schema=schema, index_params=index,

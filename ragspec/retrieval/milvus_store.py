@@ -163,6 +163,9 @@ class MilvusStore(StoreBase):
         self._retire: list[tuple[str, int]] = []
         manifest = self._manifest()
         if manifest is None:
+            from ragspec.retrieval.milvus_schema import vector_index_from_env
+
+            self._vector_index = vector_index_from_env()
             self._commit, self._gen, self._dim = None, 0, None
             self._model_name = getattr(self.embedder, "name", None)
             self._documents, self._doc_gen, self._retired = {}, {}, []
@@ -171,6 +174,7 @@ class MilvusStore(StoreBase):
                     self._rebuild_hint())
         self._commit, self._gen = manifest["commit"], int(manifest["gen"])
         self._dim, self._model_name = int(manifest["dim"]), manifest.get("embedder")
+        self._vector_index = manifest.get("vector_index", "FLAT")
         _, documents, meta = self._names()
         client = self._connected()
         self._retired = [(r["doc_id"], int(r["old_gen"])) for r in self._rows(
@@ -260,24 +264,25 @@ class MilvusStore(StoreBase):
         return self._dim
 
     def _dense(self, vector: np.ndarray, k: int) -> list[tuple[Passage, float]]:
-        hits = self._search("vector", vector.tolist(), k, "IP", _OUT)
+        from ragspec.retrieval.milvus_schema import search_params
+
+        hits = self._search("vector", vector.tolist(), k, search_params(self._vector_index), _OUT)
         return sorted(((self._passage(h["entity"]), float(h["distance"])) for h in hits),
                       key=lambda item: (-item[1], item[0].id))
 
     def _keyword_ids(self, query: str, k: int) -> list[str]:
         if not any(c.isalnum() for c in query):
             return []  # no token to match (Milvus' analyser would find none either)
-        hits = self._search("sparse", query, k, "BM25", ["pid"])
+        hits = self._search("sparse", query, k, {"metric_type": "BM25"}, ["pid"])
         ranked = sorted(((h["entity"]["pid"], float(h["distance"])) for h in hits),
                         key=lambda item: (-item[1], item[0]))
         return [pid for pid, _ in ranked]
 
-    def _search(self, field: str, data, k: int, metric: str, fields: list[str]) -> list:
+    def _search(self, field: str, data, k: int, params: dict, fields: list[str]) -> list:
         client = self._connected()
         found = self._call("search", client.search, self._names()[0], data=[data],
                            anns_field=field, limit=k, filter=self._visible(),
-                           search_params={"metric_type": metric}, output_fields=fields,
-                           **_STRONG)
+                           search_params=params, output_fields=fields, **_STRONG)
         return list(found[0]) if found else []
 
     def _fetch(self, ids: list[str], vector: np.ndarray) -> dict[str, tuple[Passage, float]]:
@@ -359,7 +364,7 @@ class MilvusStore(StoreBase):
             self._call("flush", client.flush, name)
         commit = uuid.uuid4().hex
         manifest = {"gen": gen, "commit": commit, "embedder": self._model_name or "",
-                    "dim": self._dim or 0}
+                    "dim": self._dim or 0, "vector_index": self._vector_index}
         _commit_point(self, client, meta, manifest)
         self._commit, self._gen = commit, gen
         for doc_id in self._pending:
@@ -405,7 +410,8 @@ class MilvusStore(StoreBase):
     def _create_collections(self) -> None:
         from ragspec.retrieval.milvus_schema import create_collections
 
-        create_collections(self._connected(create=True), self._names(), self._dim or 2)
+        create_collections(self._connected(create=True), self._names(), self._dim or 2,
+                           self._vector_index)
 
 
 def _quiet_imports() -> None:
