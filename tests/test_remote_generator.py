@@ -2,7 +2,8 @@
 against real servers on loopback: Hugging Face's `transformers serve` (runs in every test run),
 llama-cpp-python's server and `ragspec serve` (each skipped, with the reason, when not
 installed). Servers that report no drafts get quoted spans, never drafts; `ragspec serve`'s own
-spans are used when it sends them. Slow: each server loads the bundled model."""
+spans are used when it sends them. The server tests are slow: each server loads the bundled
+model."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from ragspec.commands.ask import ask
 from ragspec.commands.generate import generate
 from tests import servers
 from tests.conftest import MODEL_CACHE
-
-pytestmark = pytest.mark.slow
 
 DOC = ("The metrics endpoint of the daemon listens on port 7432 and serves /metrics only.\n"
        "Job logs are kept for 14 days by default, then compressed and deleted.\n")
@@ -92,6 +91,7 @@ def _check_quoted(out: dict) -> None:
             assert _words(held) == _words(span["text"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server", ["transformers_url", "llama_url"])
 def test_a_server_without_drafts_answers_from_our_passages_with_quoted_spans(server, request,
                                                                              env):
@@ -105,6 +105,7 @@ def test_a_server_without_drafts_answers_from_our_passages_with_quoted_spans(ser
     assert out["model"].endswith(url.split("//")[1].split("/")[0])
 
 
+@pytest.mark.slow
 def test_transformers_serve_writes_the_same_greedy_answer_as_ragspec(transformers_url, env):
     remote = _ask("--generator", transformers_url)
     local = _ask()
@@ -115,6 +116,7 @@ def test_transformers_serve_writes_the_same_greedy_answer_as_ragspec(transformer
     assert bool(quoted) == (copied >= 20), (copied, remote["answer"]["spans"])
 
 
+@pytest.mark.slow
 def test_generate_on_a_server_quotes_the_prompt(transformers_url, env):
     prompt = f"Repeat this sentence exactly: {DOC.splitlines()[0]}"
     result = CliRunner().invoke(generate, ["--prompt", prompt, "--json", "--max-new-tokens",
@@ -126,6 +128,7 @@ def test_generate_on_a_server_quotes_the_prompt(transformers_url, env):
     assert not any(s["drafted"] for s in out["spans"])
 
 
+@pytest.mark.slow
 def test_the_chat_offers_a_server_by_name_and_answers_through_it(transformers_url, env):
     from ragspec.loading import open_store
     from ragspec.pipeline import PipelineConfig, pipeline_for
@@ -155,6 +158,7 @@ def test_an_unreachable_server_is_one_clear_line(env):
     assert "cannot list the models" in result.output
 
 
+@pytest.mark.slow
 def test_ragspec_serve_spans_are_its_accepted_drafts(ragspec_url, env):
     out = _ask("--generator", ragspec_url)
     local = _ask()
@@ -169,3 +173,11 @@ def test_ragspec_serve_spans_are_its_accepted_drafts(ragspec_url, env):
         if o and o["source"] is not None:
             text = out["passages"][o["source"]]["text"]
             assert text[o["char_start"] : o["char_end"]].strip() == s["text"].strip()
+
+
+@pytest.mark.parametrize("command", [ask, generate])
+def test_a_generator_that_is_not_a_url_is_a_usage_error(command, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path))
+    args = [QUESTION] if command is ask else ["--prompt", "hi"]
+    result = CliRunner().invoke(command, [*args, "--generator", "ftp://nope"])
+    assert result.exit_code == 2 and "http(s) URL" in result.output

@@ -49,10 +49,17 @@ def model_options(f):
     return f
 
 
+def _check_url(ctx, param, value):
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"want a server's http(s) URL, like http://127.0.0.1:8000/v1; "
+                                 f"got {value!r}")
+    return value
+
+
 def generator_option(f):
     """--generator URL: generate on an OpenAI-compatible server instead of in this process."""
     return click.option(
-        "--generator", "generator_url", default=None, metavar="URL",
+        "--generator", "generator_url", default=None, metavar="URL", callback=_check_url,
         help="Generate on an OpenAI-compatible server (vLLM, llama.cpp's server, ragspec "
              "serve, ...): its /v1 base URL, e.g. http://127.0.0.1:8000/v1, or URL#MODEL to "
              "pick a model id. API key from RAGSPEC_GENERATOR_KEY. Retrieval stays here.")(f)
