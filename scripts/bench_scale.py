@@ -386,5 +386,32 @@ def search(texts_path, sizes, names, repeats, json_out, child) -> None:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
+@main.command()
+@click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def table(files) -> None:
+    """Markdown tables from the JSON files `search` and `keywords` wrote."""
+    rows = [r for f in files for r in json.loads(f.read_text())]
+    stores = sorted((r for r in rows if "backend" in r),
+                    key=lambda r: (r["passages"], r["backend"]))
+    if stores:
+        click.echo("| passages | backend | dense p50 / p95 ms | hybrid p50 / p95 ms | ingest "
+                   "passages/s (commits) | open s | peak RSS MiB | disk MiB |")
+        click.echo("|---|---|---|---|---|---|---|---|")
+        for r in stores:
+            d, h = r["dense"], r["hybrid"]
+            click.echo(f"| {r['passages']:,} | {r['backend']} | {d['p50_ms']:.1f} / "
+                       f"{d['p95_ms']:.1f} | {h['p50_ms']:.1f} / {h['p95_ms']:.1f} | "
+                       f"{r['ingest_passages_per_s']:,.0f} ({r['commits']}) | {r['open_s']:.1f} "
+                       f"| {r['peak_rss_mb']:,.0f} | {r['disk_mb']:,.0f} |")
+    keywords = sorted((r for r in rows if "impl" in r), key=lambda r: (r["passages"], r["impl"]))
+    if keywords:
+        click.echo("\n| passages | BM25 | top-50 p50 / p95 ms | build s | peak RSS MiB |")
+        click.echo("|---|---|---|---|---|")
+        for r in keywords:
+            click.echo(f"| {r['passages']:,} | {r['impl']} | {r['p50_ms']:.2f} / "
+                       f"{r['p95_ms']:.2f} | {r['build_and_first_search_s']:.1f} | "
+                       f"{r['peak_rss_mb']:,.0f} |")
+
+
 if __name__ == "__main__":
     main()
