@@ -59,3 +59,31 @@ def test_offsets_that_run_backwards_are_refused():
     # restore() rebuilds instead of reading the damaged postings
     assert BM25Index.restore(_npz(arrays), PASSAGES).score("disk") == \
         BM25Index.build(PASSAGES).score("disk")
+
+
+def test_many_small_segments_score_and_save_like_one_build(monkeypatch):
+    # Seal pending postings every few adds, so merging runs through many segment sizes.
+    monkeypatch.setattr(bm25, "_SEAL_POSTINGS", 5)
+    texts = [(f"p{i:03d}", f"word{i % 7} word{i % 11} shared token{i} E{i % 3}04")
+             for i in range(120)]
+    grown = BM25Index()
+    for pid, text in texts:
+        grown.add(pid, text)
+        if pid.endswith("7"):
+            grown.remove(pid)
+            grown.top("shared word3", 5)  # searches between changes seal and merge
+    kept = [(pid, text) for pid, text in texts if not pid.endswith("7")]
+    scratch = BM25Index.build(kept)
+    for query in ("shared", "word3 word5", "E104 token42", "nothing"):
+        assert grown.score(query) == pytest.approx(scratch.score(query), rel=1e-12)
+    order = [pid for pid, _ in kept]
+    assert grown.to_bytes(order) == scratch.to_bytes(order)
+    assert len(grown._segments) <= 2 * max(1, len(kept)).bit_length()
+
+
+def test_an_index_whose_passages_were_all_removed_saves_and_loads():
+    index = BM25Index.build(PASSAGES)
+    for pid in ORDER:
+        index.remove(pid)
+    data = index.to_bytes([])
+    assert BM25Index.from_bytes(data, []).top("disk", 3) == []

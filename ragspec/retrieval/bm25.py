@@ -19,9 +19,12 @@ Contract:
 
 How it scales: postings live in a few sorted numpy segments (term id, row, count), searched
 with one binary search per query token and segment; scoring is vectorised over each token's
-posting list. Adds collect in a pending list that becomes a segment at the next search; removed
-passages are masked out (df and N count only live passages, so scores stay exact) and dropped
-from the segments when they are half dead. Memory: ~12 bytes per (passage, distinct token).
+posting list. Adds collect in compact pending arrays that become a segment at the next search
+(or when they grow large); a new segment is merged with the previous one while that is at most
+twice its size, so there are O(log n) segments and each posting is merged O(log n) times.
+Removed passages are masked out (df and N count only live passages, so scores stay exact) and
+dropped from the segments when they are half dead. Memory: ~12 bytes per (passage, distinct
+token).
 
 Worked example: passages a = "disk full", b = "disk quota full full", query "quota".
 N = 2, df(quota) = 1, idf = ln(1 + 1.5 / 1.5) = ln 2; only b has the token (tf 1, length 4,
@@ -33,6 +36,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,8 +50,9 @@ B = 0.75
 _TOKEN = re.compile(r"\w+")
 # The rule `tokenize` applies, saved in every keywords.npz: change the name with the rule.
 TOKENIZER = "ragspec-words-1: lowercase, runs of Unicode word characters (re \\w+)"
-# Segments are merged into one when there are more than this many.
-_MAX_SEGMENTS = 8
+# Pending adds become a segment once they hold this many postings (~48 MB as int32 arrays), so
+# building from a million passages never holds them as Python objects.
+_SEAL_POSTINGS = 4_000_000
 
 
 def tokenize(text: str) -> list[str]:
@@ -119,7 +124,7 @@ class BM25Index:
         self._alive = _Column(np.bool_)
         self._total_length = 0
         self._segments: list[_Segment] = []
-        self._pending: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self._pending = _new_pending()
         self._dead_postings = 0
         self._postings = 0
         self._norm: np.ndarray | None = None  # K1 * (1 - B + B * length / average), per row
@@ -150,6 +155,8 @@ class BM25Index:
             tfs.append(tf)
         self._append_row(pid, sum(counts.values()), len(counts))
         self._postings += len(counts)
+        if len(terms) >= _SEAL_POSTINGS:
+            self._seal_pending()
 
     def _append_row(self, pid: str, length: int, distinct: int) -> None:
         self._row_of[pid] = len(self._pids)
@@ -221,26 +228,37 @@ class BM25Index:
         return self._norm
 
     def _seal(self) -> None:
-        """Pending adds become a segment; compact dead postings; merge when there are many."""
-        terms, rows, tfs = self._pending
-        if terms:
-            self._segments.append(_Segment.build(
-                np.asarray(terms, dtype=np.int32), np.asarray(rows, dtype=np.int32),
-                np.asarray(tfs, dtype=np.int32)))
-            self._pending = ([], [], [])
-        if self._dead_postings * 2 > self._postings or len(self._segments) > _MAX_SEGMENTS:
+        """Pending adds become a segment; compact when half the postings are dead."""
+        self._seal_pending()
+        if self._dead_postings * 2 > self._postings:
             self._merge()
 
-    def _merge(self) -> None:
+    def _seal_pending(self) -> None:
+        terms, rows, tfs = self._pending
+        if not terms:
+            return
+        self._segments.append(_Segment.build(
+            np.frombuffer(terms, dtype=np.int32), np.frombuffer(rows, dtype=np.int32),
+            np.frombuffer(tfs, dtype=np.int32)))
+        self._pending = _new_pending()
+        # Binary-counter merging: keep segment sizes decreasing geometrically.
+        while len(self._segments) >= 2 and \
+                len(self._segments[-2].rows) <= 2 * len(self._segments[-1].rows):
+            self._merge(self._segments[-2:])
+
+    def _merge(self, chosen: list[_Segment] | None = None) -> None:
+        """Merge `chosen` (the last segments; default all) into one, dropping dead postings."""
+        chosen = self._segments if chosen is None else chosen
         alive = self._alive.view()
-        parts = [(s.flat_terms(), s.rows, s.counts) for s in self._segments]
-        terms = np.concatenate([p[0] for p in parts])
-        rows = np.concatenate([p[1] for p in parts])
-        counts = np.concatenate([p[2] for p in parts])
+        terms = np.concatenate([s.flat_terms() for s in chosen])
+        rows = np.concatenate([s.rows for s in chosen])
+        counts = np.concatenate([s.counts for s in chosen])
         live = alive[rows]
-        self._segments = [_Segment.build(terms[live], rows[live], counts[live])]
-        self._postings = int(np.count_nonzero(live))
-        self._dead_postings = 0
+        dropped = len(rows) - int(np.count_nonzero(live))
+        merged = _Segment.build(terms[live], rows[live], counts[live])
+        self._segments = self._segments[: len(self._segments) - len(chosen)] + [merged]
+        self._postings -= dropped
+        self._dead_postings -= dropped
 
     # -- on disk ------------------------------------------------------------------------------
 
@@ -248,8 +266,11 @@ class BM25Index:
         """The index as .npz bytes, rows in `order` (which must be exactly its passage ids)."""
         if len(order) != len(self._row_of) or set(order) != self._row_of.keys():
             raise AssertionError("the row order must list every passage of the index once")
-        self._seal()
-        self._merge()
+        self._seal_pending()
+        if self._segments:
+            self._merge()
+        else:
+            self._segments = [_Segment.build(*(np.zeros(0, dtype=np.int32),) * 3)]
         segment = self._segments[0]
         # Renumber: our row -> its place in `order`; token ids -> their place in sorted order.
         place = np.full(len(self._pids), -1, dtype=np.int64)
@@ -328,6 +349,11 @@ class BM25Index:
                                         counts.astype(np.int32))]
         index._postings = len(rows)
         return index
+
+
+def _new_pending() -> tuple[array, array, array]:
+    """Pending postings: term ids, rows, counts (compact int32 arrays, not Python lists)."""
+    return array("i"), array("i"), array("i")
 
 
 def _check(vocabulary, lengths, offsets, rows, counts, n: int) -> None:
