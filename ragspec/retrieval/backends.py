@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT
@@ -27,14 +28,37 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
 _SERVER = re.compile(r"milvus(\+https)?://([^/\s]+)/([^/\s]+)/?")
 
 
+@dataclass(frozen=True)
+class MilvusLocation:
+    """Where a Milvus index lives: a Milvus Lite file or a server URI, and the collection."""
+
+    uri: str  # a local file path (Milvus Lite) or http(s)://host:port
+    collection: str
+    spec: str  # as the user wrote it (shown in messages)
+
+    @property
+    def lite(self) -> bool:
+        return not self.uri.startswith(("http://", "https://"))
+
+    def lock_place(self) -> tuple[Path, str]:
+        """(folder, file name) of this index's write lock on this machine."""
+        if self.lite:
+            path = Path(self.uri)
+            return path.parent, f".{path.name}.{self.collection}.write.lock"
+        from ragspec import paths
+
+        safe = "".join(c if c.isalnum() else "-" for c in f"{self.uri}-{self.collection}")
+        return paths.home() / "locks", f"milvus-{safe}.lock"
+
+
+
+
 def is_milvus(value: str | os.PathLike | None) -> bool:
     return isinstance(value, str) and value.startswith("milvus") and ":" in value[:14]
 
 
 def parse(value: str):
     """A MilvusLocation for a Milvus value (see the module docstring); ValueError otherwise."""
-    from ragspec.retrieval.milvus_store import MilvusLocation
-
     server = _SERVER.fullmatch(value)
     if server:
         scheme = "https" if server.group(1) else "http"

@@ -9,10 +9,16 @@ way; "IVF_FLAT" clusters the vectors (IVF_NLIST lists) and searches the IVF_NPRO
 lists: approximate, for indexes too large to scan on every question (Milvus Lite offers these
 two; a server offers more);
 the text field is analysed by Milvus' standard tokenizer with lowercasing, and its BM25 function
-fills the sparse field that keyword search ranks.
+fills the sparse field that keyword search ranks. Also here: `quiet_imports` (pymilvus and
+milvus-lite without their log noise) and `document_row` (a documents-collection row).
 """
 
 from __future__ import annotations
+
+import logging
+import warnings
+
+from ragspec.retrieval.records import DocumentInfo
 
 BM25_PARAMS = {"bm25_k1": 1.2, "bm25_b": 0.75}
 INDEX_ENV = "RAGSPEC_MILVUS_INDEX"
@@ -93,3 +99,24 @@ def _table(client, name: str, fields: list[tuple]) -> None:
     index = client.prepare_index_params()
     index.add_index("v", index_type="FLAT", metric_type="L2")
     client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
+
+
+def quiet_imports() -> None:
+    """pymilvus logs a warning per query iterator ("failed to get mvccTs", harmless with Milvus
+    Lite) and milvus-lite warns about pkg_resources on import: neither is the user's concern."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            import milvus_lite  # noqa: F401
+        except ImportError:
+            pass  # a server location needs no Milvus Lite
+    import pymilvus  # noqa: F401  (configures its loggers on import: quieten them after)
+
+    logging.getLogger("pymilvus").setLevel(logging.ERROR)
+
+
+def document_row(info: DocumentInfo, gen: int) -> dict:
+    """The documents-collection row of one document version."""
+    return {"pk": f"{info.doc_id}@{gen}", "doc_id": info.doc_id, "gen": gen,
+            "source": info.source, "sha256": info.sha256, "size_bytes": info.size_bytes,
+            "ingested_at": info.ingested_at, "passages": info.passages, "v": [0.0, 0.0]}

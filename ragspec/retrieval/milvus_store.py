@@ -36,15 +36,15 @@ import json
 import logging
 import os
 import uuid
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ragspec.retrieval import persist
+from ragspec.retrieval.backends import MilvusLocation
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError, RetrievalError
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
+from ragspec.retrieval.milvus_schema import document_row, quiet_imports
 from ragspec.retrieval.records import DocumentInfo, Passage
 from ragspec.retrieval.store_base import PassageEmbedder, StoreBase, check_model
 
@@ -58,29 +58,6 @@ _MAX_TEXT = 65535  # Milvus' longest VARCHAR, in bytes
 
 class IndexUnavailableError(RetrievalError):
     """The Milvus server (or Milvus Lite file) cannot be reached or used."""
-
-
-@dataclass(frozen=True)
-class MilvusLocation:
-    """Where a Milvus index lives: a Milvus Lite file or a server URI, and the collection."""
-
-    uri: str  # a local file path (Milvus Lite) or http(s)://host:port
-    collection: str
-    spec: str  # as the user wrote it (shown in messages)
-
-    @property
-    def lite(self) -> bool:
-        return not self.uri.startswith(("http://", "https://"))
-
-    def lock_place(self) -> tuple[Path, str]:
-        """(folder, file name) of this index's write lock on this machine."""
-        if self.lite:
-            path = Path(self.uri)
-            return path.parent, f".{path.name}.{self.collection}.write.lock"
-        from ragspec import paths
-
-        safe = "".join(c if c.isalnum() else "-" for c in f"{self.uri}-{self.collection}")
-        return paths.home() / "locks", f"milvus-{safe}.lock"
 
 
 class MilvusStore(StoreBase):
@@ -120,7 +97,7 @@ class MilvusStore(StoreBase):
         if self._client is None:
             if self.location.lite and not create and not Path(self.location.uri).exists():
                 return None
-            _quiet_imports()
+            quiet_imports()
             from pymilvus import MilvusClient
             from pymilvus.exceptions import MilvusException
 
@@ -354,7 +331,7 @@ class MilvusStore(StoreBase):
         self._create_collections()
         for info, rows, vectors in self._pending.values():
             self._write_passages(gen, rows, vectors)
-            self._call("add a document", client.insert, documents, [_document_row(info, gen)])
+            self._call("add a document", client.insert, documents, [document_row(info, gen)])
         if self._retire:
             self._call("retire documents", client.insert, meta, [
                 {"pk": f"retired:{d}@{g}", "kind": "retired", "gen": gen,
@@ -412,26 +389,6 @@ class MilvusStore(StoreBase):
 
         create_collections(self._connected(create=True), self._names(), self._dim or 2,
                            self._vector_index)
-
-
-def _quiet_imports() -> None:
-    """pymilvus logs a warning per query iterator ("failed to get mvccTs", harmless with Milvus
-    Lite) and milvus-lite warns about pkg_resources on import: neither is the user's concern."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        try:
-            import milvus_lite  # noqa: F401
-        except ImportError:
-            pass  # a server location needs no Milvus Lite
-    import pymilvus  # noqa: F401  (configures its loggers on import: quieten them after)
-
-    logging.getLogger("pymilvus").setLevel(logging.ERROR)
-
-
-def _document_row(info: DocumentInfo, gen: int) -> dict:
-    return {"pk": f"{info.doc_id}@{gen}", "doc_id": info.doc_id, "gen": gen,
-            "source": info.source, "sha256": info.sha256, "size_bytes": info.size_bytes,
-            "ingested_at": info.ingested_at, "passages": info.passages, "v": [0.0, 0.0]}
 
 
 def _commit_point(store: MilvusStore, client, meta: str, manifest: dict) -> None:
