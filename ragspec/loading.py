@@ -78,11 +78,21 @@ def cached_embedder(name: str | None):
     return Embedder(name)
 
 
-def open_store(index: str | os.PathLike | None = None, *, with_embedder: bool = True):
-    """The PassageStore at `index` (default $RAGSPEC_HOME/index); with_embedder=False is enough
-    to list and remove documents (no model is loaded). Raises retrieval's RetrievalError."""
+def index_location(index: str | os.PathLike | None = None):
+    """What `--index` names: a Milvus location as given, else the folder (default
+    $RAGSPEC_HOME/index)."""
     from ragspec import paths
-    from ragspec.retrieval.store import PassageStore
+    from ragspec.retrieval.backends import is_milvus
+
+    return index if is_milvus(index) else paths.index_dir(index)
+
+
+def open_store(index: str | os.PathLike | None = None, *, with_embedder: bool = True):
+    """The store at `index` (a folder, default $RAGSPEC_HOME/index, or a Milvus location: see
+    ragspec.retrieval.backends); with_embedder=False is enough to list and remove documents (no
+    model is loaded). Raises retrieval's RetrievalError, or ValueError for a malformed Milvus
+    location."""
+    from ragspec.retrieval.backends import open_index
 
     embedder = cached_embedder(os.environ.get(EMBEDDER_ENV) or None) if with_embedder else None
-    return PassageStore.open(paths.index_dir(index), embedder)
+    return open_index(index_location(index), embedder)

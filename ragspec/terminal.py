@@ -27,15 +27,32 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     return (_CONTROL if keep_newlines else _CONTROL_AND_NEWLINE).sub(_escape, text)
 
 
+DRAFT_STYLE = "black on green"
+QUOTE_STYLE = "black on cyan"
+
+
 def render_spans(spans, console) -> None:
-    """Print spans with accepted drafts highlighted (black on green)."""
+    """Print spans with accepted drafts highlighted (black on green) and quoted spans (found
+    word for word in a passage by a server that reports no drafts) in another colour."""
     from rich.text import Text
 
     text = Text()
     for span in spans:
-        text.append(printable(span.text, keep_newlines=True),
-                    style="black on green" if span.drafted else "")
+        style = DRAFT_STYLE if span.drafted else QUOTE_STYLE if getattr(span, "quoted", False) \
+            else ""
+        text.append(printable(span.text, keep_newlines=True), style=style)
     console.print(text, end="")
+
+
+def legend(spans) -> str:
+    """The rich-markup legend for what `render_spans` highlighted in these spans."""
+    parts = []
+    if any(s.drafted for s in spans) or not any(getattr(s, "quoted", False) for s in spans):
+        parts.append(f"[{DRAFT_STYLE}]highlighted[/] = accepted drafts copied from the passages")
+    if any(getattr(s, "quoted", False) for s in spans):
+        parts.append(f"[{QUOTE_STYLE}]quoted[/] = found word for word in a passage (the "
+                     "server reports no drafts)")
+    return " · ".join(parts)
 
 
 def stats_line(stats) -> str:

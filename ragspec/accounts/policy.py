@@ -73,7 +73,9 @@ def collections(principal: Principal) -> list[str]:
 def collection_dirs(collection: str, index_override: str | None = None) -> tuple[Path, Path]:
     """(index folder, uploads folder) of a collection."""
     if collection == SHARED:
-        return paths.index_dir(index_override), paths.home() / "uploads"
+        from ragspec.loading import index_location  # a folder, or a Milvus location
+
+        return index_location(index_override), paths.home() / "uploads"
     base = paths.home() / "users" / collection
     return base / "index", base / "uploads"
 

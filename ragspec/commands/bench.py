@@ -47,10 +47,10 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
               help="Model folder or Hugging Face id in the local cache (default: bundled).")
 @click.option("--limit", default=None, type=click.IntRange(min=1), metavar="N",
               help="Only the first N questions.")
-@click.option("--index", default=None, metavar="DIR",
-              type=click.Path(file_okay=False, dir_okay=True),
-              help="Reuse this index (the corpus is ingested into it; unchanged files are "
-                   "skipped) instead of a temporary one.")
+@click.option("--index", default=None, metavar="INDEX",
+              help="Reuse this index (a folder, milvus:PATH.db or "
+                   "milvus://HOST:PORT/COLLECTION; the corpus is ingested into it, unchanged "
+                   "files are skipped) instead of a temporary one.")
 @click.option("--out", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="Write results.json here.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",

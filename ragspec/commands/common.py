@@ -16,9 +16,9 @@ from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH
 from ragspec.terminal import printable
 
 index_option = click.option(
-    "--index", "index", metavar="DIR", default=None,
-    type=click.Path(file_okay=False, dir_okay=True),
-    help="Index directory (default: $RAGSPEC_HOME/index).",
+    "--index", "index", metavar="INDEX", default=None,
+    help="Index: a folder (default: $RAGSPEC_HOME/index), milvus:PATH.db (Milvus Lite) or "
+         "milvus://HOST:PORT/COLLECTION (a Milvus server; token in RAGSPEC_MILVUS_TOKEN).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout.")
 search_mode_option = click.option(
@@ -54,6 +54,22 @@ def model_options(f):
                      help="Hugging Face model folder or cached id (default: the bundled "
                           "SmolLM2-135M-Instruct).")(f)
     return f
+
+
+def _check_url(ctx, param, value):
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"want a server's http(s) URL, like http://127.0.0.1:8000/v1; "
+                                 f"got {value!r}")
+    return value
+
+
+def generator_option(f):
+    """--generator URL: generate on an OpenAI-compatible server instead of in this process."""
+    return click.option(
+        "--generator", "generator_url", default=None, metavar="URL", callback=_check_url,
+        help="Generate on an OpenAI-compatible server (vLLM, llama.cpp's server, ragspec "
+             "serve, ...): its /v1 base URL, e.g. http://127.0.0.1:8000/v1, or URL#MODEL to "
+             "pick a model id. API key from RAGSPEC_GENERATOR_KEY. Retrieval stays here.")(f)
 
 
 def draft_options(f):
@@ -99,10 +115,22 @@ def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_ad
 
 
 def generator_from_options(model_spec: str | None, device: str | None = None, exact: bool = False,
-                           max_draft: int = 16, quiet: bool = False, weights: str = "auto"):
+                           max_draft: int = 16, quiet: bool = False, weights: str = "auto",
+                           generator_url: str | None = None):
     """Load as ragspec.loading.load_generator does, with progress notes on stderr and errors as one
     clear line.
-    A model that cannot speculate (its layers cannot be rolled back) is said so once."""
+    A model that cannot speculate (its layers cannot be rolled back) is said so once.
+    generator_url: connect to that server instead (ragspec.remote); --model must be unset."""
+    if generator_url is not None:
+        from ragspec.remote import RemoteGeneratorError, connect
+
+        if model_spec is not None:
+            raise click.UsageError("--model and --generator exclude each other: the server "
+                                   "has its model (pick one with URL#MODEL)")
+        try:
+            return connect(generator_url)
+        except RemoteGeneratorError as exc:
+            raise click.ClickException(printable(str(exc))) from exc
     from ragspec.decoding import native
     from ragspec.decoding.calibrate import COSTS_FILE
     from ragspec.decoding.model import BUNDLED, ModelNotFound, load_model
@@ -141,6 +169,8 @@ def open_store(index: str | None, *, with_embedder: bool = True,
         store = loading.open_store(index, with_embedder=with_embedder)
     except RetrievalError as exc:
         raise click.ClickException(str(exc)) from exc
+    except ValueError as exc:  # a malformed Milvus location
+        raise click.UsageError(str(exc)) from exc
     if require_documents and store.passage_count() == 0:
         raise click.ClickException(
             f"no documents in the index at {store.index_dir}: add some with "

@@ -80,12 +80,15 @@ def sign_in_mode(host: str, no_auth: bool) -> str:
               help="Port to serve on.")
 @click.option("--host", default="localhost", show_default=True,
               help="Address to bind (0.0.0.0 to accept other machines).")
-@click.option("--index", default=None, metavar="DIR",
-              help="Index directory (default: $RAGSPEC_HOME/index).")
+@click.option("--index", default=None, metavar="INDEX",
+              help="Index: a folder (default: $RAGSPEC_HOME/index), milvus:PATH.db or "
+                   "milvus://HOST:PORT/COLLECTION.")
 @click.option("--model", "models", multiple=True, metavar="[NAME=]M",
               help="A model the chat offers (repeat for several; the browser picks among their "
                    "names and cannot name another): a model folder, a cached Hugging Face id, "
-                   "or 'bundled'. Default: the bundled SmolLM2-135M-Instruct.")
+                   "'bundled', or an OpenAI-compatible server's URL (http://host:port/v1, "
+                   "URL#MODEL for a model id; answers are generated there). Default: the "
+                   "bundled SmolLM2-135M-Instruct.")
 @click.option("--max-loaded", default=None, type=click.IntRange(min=1), metavar="N",
               help="Keep at most N of the offered models in memory (default: all of them).")
 @click.option("--no-auth", is_flag=True,

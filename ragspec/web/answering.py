@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from ragspec.accounts import policy
 from ragspec.decoding.model import ModelNotFound
 from ragspec.decoding.types import DraftConfig, GenerationConfig, SamplingConfig
-from ragspec.pipeline import Pipeline, PipelineConfig
+from ragspec.pipeline import PipelineConfig, pipeline_for
 from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS, retrieve
 from ragspec.web import chats as ch
 from ragspec.web.answer_queue import Turn, TurnQueue
@@ -168,7 +168,7 @@ class AnswerJob(Turn):
         if self.stop_requested:
             self._set_phase("stopped")
             return
-        pipeline = Pipeline(self.store, generator, pipe_config)
+        pipeline = pipeline_for(self.store, generator, pipe_config)
         prepared = pipeline.prepare_retrieved(retrieval)
         with self._lock:
             self.passages, self.scores = list(prepared.passages), list(prepared.scores)
@@ -197,6 +197,8 @@ class AnswerJob(Turn):
         finally:
             self.on_stop(None)
             run["stats"] = stream.stats
+        with self._lock:  # a server may report its spans at the end (ragspec.remote)
+            run["spans"] = list(stream.spans)
 
     def _set_phase(self, phase: str) -> None:
         self.phase = phase

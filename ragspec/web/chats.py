@@ -47,7 +47,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from ragspec.decoding.types import GenerationStats, Span, SpanOrigin
+from ragspec.decoding.types import GenerationStats, Span
 from ragspec.fileio import write_atomically
 from ragspec.retrieval.records import Passage
 
@@ -285,9 +285,9 @@ def run_dict(label: str, spans: list[Span], stats: GenerationStats | None) -> di
 
 
 def span_from_dict(d: dict) -> Span:
-    origin = d.get("origin")
-    return Span(text=d["text"], token_ids=list(d["token_ids"]), drafted=bool(d["drafted"]),
-                origin=SpanOrigin(**origin) if origin else None)
+    from ragspec.quoting import span_from_dict as read  # quoted spans come back quoted
+
+    return read(d)
 
 
 _STATS_FIELDS = {f.name for f in fields(GenerationStats)}

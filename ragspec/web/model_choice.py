@@ -8,6 +8,9 @@ Contract:
     input becomes a path or an id.
   * A name defaults to the folder's last component (never the whole server path) or the hub
     id; two models with the same name are an error that says to use NAME=SPEC.
+  * A SPEC that is an http(s) URL is an OpenAI-compatible server (ragspec.remote; `URL#MODEL`
+    picks its model id): the page offers it by name (a bare URL is named by its host and
+    port), and answers are generated there.
   * `ModelRegistry.get(name)` loads on first use and keeps at most `max_loaded` generators
     (default: the length of the list), dropping the least recently used one. When a load
     fails, the models dropped to make room for it are loaded again before the error is raised:
@@ -59,6 +62,10 @@ def parse_choice(value: str) -> ModelChoice:
     spec = value.strip()
     if spec in ("", BUNDLED_SPEC):
         return ModelChoice(BUNDLED_LABEL, BUNDLED_SPEC)
+    if spec.startswith(("http://", "https://")):
+        from urllib.parse import urlsplit
+
+        return ModelChoice(urlsplit(spec).netloc or spec, spec)
     path = Path(spec).expanduser()
     return ModelChoice(path.name if path.exists() else spec, spec)
 
@@ -109,6 +116,10 @@ def max_loaded_from_env(choices: Sequence[ModelChoice],
 
 
 def _default_loader(spec: str):
+    if spec.startswith(("http://", "https://")):
+        from ragspec.remote import connect
+
+        return connect(spec)
     from ragspec.loading import load_generator
 
     return load_generator(None if spec == BUNDLED_SPEC else spec)

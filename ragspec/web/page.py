@@ -53,17 +53,17 @@ def get_store(index_dir: str, commit: str | None, embedder_name: str | None):
     # Keyed by the commit on disk, so an ingest by the CLI (or another app process) shows up on
     # the next page run; opening reads the index files, no embedding.
     from ragspec.loading import cached_embedder
-    from ragspec.retrieval.store import PassageStore
+    from ragspec.retrieval.backends import open_index
 
-    return PassageStore.open(index_dir, cached_embedder(embedder_name))
+    return open_index(index_dir, cached_embedder(embedder_name))
 
 
 def current_store(index_dir: str):
     from ragspec.loading import EMBEDDER_ENV
-    from ragspec.retrieval import persist
+    from ragspec.retrieval.backends import current_commit
 
     with st.spinner("Loading the embedding model..."):
-        return get_store(index_dir, persist.current_commit(Path(index_dir)),
+        return get_store(index_dir, current_commit(index_dir),
                          os.environ.get(EMBEDDER_ENV) or None)
 
 

@@ -132,12 +132,16 @@ def show_sources(spans, passages, scores) -> None:
                      f"{rd.escape_text(rd.span_title(sp, passages))}</li>" for sp in drafted]
             st.markdown(f"<div><ul>{''.join(lines)}</ul></div>", unsafe_allow_html=True)
     copied = describe.copied_ranges(spans)
+    quoted = describe.copied_ranges(spans, quoted=True)
+    if quoted:
+        st.markdown(rd.legend_html(quoted=True), unsafe_allow_html=True)
     with st.expander(f"Passages used ({len(passages)})"):
         for i, p in enumerate(passages):
             score = f" · score {scores[i]:.2f}" if i < len(scores) and scores[i] is not None else ""
             st.markdown(f"<div><b>{rd.escape_text(describe.passage_label(i, p))}</b>{score} · "
                         f"char {p.start}</div>", unsafe_allow_html=True)
-            st.markdown(rd.passage_html(p.text, copied.get(i, [])), unsafe_allow_html=True)
+            st.markdown(rd.passage_html(p.text, copied.get(i, []), quoted.get(i, [])),
+                        unsafe_allow_html=True)
 
 
 def _waiting_text(snap: dict) -> str:
