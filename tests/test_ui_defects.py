@@ -181,12 +181,15 @@ def test_saving_a_streaming_answer_writes_the_answer_not_the_whole_chat(tmp_path
 
     class Stream:
         stats = GenerationStats(prompt_tokens=5, new_tokens=60)
+        spans: list = []  # the final spans, as a GenerationStream keeps them
 
         def __iter__(self):
             for i in range(60):
                 if i == 30:  # mid-answer, a reader sees the answer so far
                     seen_partial.append(chats.load(chat_id)["messages"][-1])
-                yield Span(f"t{i} ", [i], False)
+                span = Span(f"t{i} ", [i], False)
+                self.spans.append(span)
+                yield span
 
         def stop(self):
             pass
@@ -201,7 +204,7 @@ def test_saving_a_streaming_answer_writes_the_answer_not_the_whole_chat(tmp_path
         def stream(self, prepared, config):
             return Stream()
 
-    monkeypatch.setattr(answering, "Pipeline", FakePipeline)
+    monkeypatch.setattr(answering, "pipeline_for", FakePipeline)
     monkeypatch.setattr(answering, "retrieve", found)
     registry = ModelRegistry([ModelChoice("m", "x")],
                              loader=lambda spec: (SimpleNamespace(speculation_note=None), None))

@@ -179,8 +179,11 @@ class AnswerJob(Turn):
                 break
             self._stream(pipeline, prepared, label, config)
         self._set_phase("stopped" if self.stop_requested else "done")
-        # between generations: re-measure the cost curve if live steps said it is off
-        generator.recalibrate_if_due()
+        # between generations: re-measure the cost curve if live steps said it is off (a
+        # generator on a server has no curve here)
+        recalibrate = getattr(generator, "recalibrate_if_due", None)
+        if recalibrate is not None:
+            recalibrate()
 
     def _stream(self, pipeline, prepared, label: str, config: GenerationConfig) -> None:
         stream = pipeline.stream(prepared, config)
