@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ragspec.decoding.cache import new_cache
-from ragspec.decoding.engine import Generator, GenerationStream, Step, forward
+from ragspec.decoding.engine import GenerationStream, Generator, Step, forward
 from ragspec.decoding.packed import Block, packed_forward
 from ragspec.decoding.policy import DraftPolicy, ForwardCost
 from ragspec.decoding.sampling import next_token

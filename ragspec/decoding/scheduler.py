@@ -56,6 +56,9 @@ class Request:
         self.text = ""
         self.stats = None  # GenerationStats once admitted
         self.error: str | None = None
+        # why it failed: "invalid" (the engine refused it), "cancelled", "unavailable"
+        # (shutting down) or "internal" (a forward raised)
+        self.error_kind: str | None = None
         self.cancelled = False
         self.done = threading.Event()
         self._events: collections.deque = collections.deque()
@@ -89,13 +92,14 @@ class Request:
             except RuntimeError:  # the listener's event loop has closed: nobody is reading
                 self.cancelled = True
 
-    def _finish(self, error: str | None = None) -> None:
+    def _finish(self, error: str | None = None, kind: str = "internal") -> None:
         seq = self.sequence
         if seq is not None:
             self.stats = seq.stats
             self.token_ids = list(seq.stream.token_ids)
             self.text = seq.stream.text
         self.error = error
+        self.error_kind = kind if error is not None else None
         self._push([], final=True)
 
     # -- the reader's side ------------------------------------------------------------------------
@@ -195,7 +199,7 @@ class Scheduler:
                 request.stop()
             self._cond.notify_all()
         for request in waiting:
-            request._finish("the server is shutting down")
+            request._finish("the server is shutting down", "unavailable")
         self._thread.join(timeout)
 
     # -- the owner thread ---------------------------------------------------------------------
@@ -209,23 +213,23 @@ class Scheduler:
                 admitted.append(self._waiting.popleft())
         for request in admitted:
             if request.cancelled:
-                request._finish("cancelled")
+                request._finish("cancelled", "cancelled")
                 continue
             try:
                 request.sequence = BatchSequence(self.gen, request.prompt_ids, request.config,
                                                  request.sources)
             except ValueError as exc:
-                request._finish(str(exc))
+                request._finish(str(exc), "invalid")
                 continue
             request.stats = request.sequence.stats
             with self._cond:
                 self._active.append(request)
 
-    def _retire(self, request: Request, error: str | None = None) -> None:
+    def _retire(self, request: Request, error: str | None = None, kind: str = "internal") -> None:
         with self._cond:
             if request in self._active:
                 self._active.remove(request)
-        request._finish(error)
+        request._finish(error, kind)
         request.sequence = None  # its cache goes with it
 
     def _loop(self) -> None:
@@ -237,7 +241,7 @@ class Scheduler:
                 active = list(self._active)
             for request in active:
                 if request.cancelled:
-                    self._retire(request, "cancelled")
+                    self._retire(request, "cancelled", "cancelled")
             active = [r for r in active if not r.cancelled]
             if not active:
                 continue
