@@ -32,6 +32,7 @@ def free_port() -> int:
 class Running:
     url: str  # http://127.0.0.1:PORT
     service: Service
+    asgi: object  # the app inside its limits; .app is the FastAPI application
     server: uvicorn.Server
     thread: threading.Thread
 
@@ -59,8 +60,9 @@ def tiny_store(tmp_path):
 
 
 def start(model, tokenizer, store=None, *, max_active=4, max_waiting=8, prefill_chunk=64,
-          max_new_tokens=48, min_score=0.0, max_body_bytes=1 << 16, **app_kwargs) -> Running:
-    gen = Generator(model, tokenizer, eos_token_ids=[2])
+          max_new_tokens=48, min_score=0.0, max_body_bytes=1 << 16, eos=2,
+          **app_kwargs) -> Running:
+    gen = Generator(model, tokenizer, eos_token_ids=[eos])
     scheduler = Scheduler(gen, max_active=max_active, max_waiting=max_waiting,
                           prefill_chunk=prefill_chunk)
     stores = {"ragspec": store} if store is not None else {}
@@ -79,4 +81,4 @@ def start(model, tokenizer, store=None, *, max_active=4, max_waiting=8, prefill_
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
-    return Running(f"http://127.0.0.1:{port}", service, server, thread)
+    return Running(f"http://127.0.0.1:{port}", service, app, server, thread)
