@@ -60,14 +60,14 @@ def tiny_store(tmp_path):
 
 
 def start(model, tokenizer, store=None, *, max_active=4, max_waiting=8, prefill_chunk=64,
-          max_new_tokens=48, min_score=0.0, max_body_bytes=1 << 16, eos=2,
+          max_new_tokens=48, min_score=0.0, k=2, max_body_bytes=1 << 16, eos=2,
           **app_kwargs) -> Running:
-    gen = Generator(model, tokenizer, eos_token_ids=[eos])
+    gen = Generator(model, tokenizer, eos_token_ids=[eos] if isinstance(eos, int) else list(eos))
     scheduler = Scheduler(gen, max_active=max_active, max_waiting=max_waiting,
                           prefill_chunk=prefill_chunk)
     stores = {"ragspec": store} if store is not None else {}
     service = Service(scheduler, model_id="tiny", stores=stores,
-                      pipeline_config=PipelineConfig(k=2, max_new_tokens=max_new_tokens,
+                      pipeline_config=PipelineConfig(k=k, max_new_tokens=max_new_tokens,
                                                      min_score=min_score),
                       embedder=store.embedder if store is not None else None)
     app = create_app(service, max_body_bytes=max_body_bytes, **app_kwargs)
