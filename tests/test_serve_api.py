@@ -298,3 +298,13 @@ def _hold_open(url: str, opened: threading.Event, release: threading.Event) -> N
         httpx.post(f"{url}/v1/chat/completions", content=slow_body(), timeout=60)
     except httpx.HTTPError:
         pass
+
+
+@pytest.mark.parametrize("content,max_tokens", [("word " * 2000, 10), ("short", 10**7)])
+def test_retrieval_requests_that_cannot_fit_are_400_even_below_the_floor(server, content,
+                                                                         max_tokens):
+    body = {"model": "ragspec", "max_tokens": max_tokens, "ragspec": {"min_score": 0.99},
+            "messages": [{"role": "user", "content": content}]}
+    reply = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "context_length_exceeded"

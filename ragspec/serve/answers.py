@@ -142,6 +142,7 @@ class Service:
                            else base.min_score))
             pipeline = Pipeline(self.stores[req.model], self.generator, config)
             with self._prepare_lock:
+                self._check_fits(pipeline, question)
                 retrieval = pipeline.retrieve(question, history)
                 if retrieval.refused:
                     return Job(model=req.model, refusal=retrieval, retrieval=True)
@@ -153,6 +154,21 @@ class Service:
         return Job(model=req.model, prompt_ids=prepared.prompt_ids,
                    config=req.generation_config(max_new), sources=list(prepared.sources),
                    prepared=prepared, retrieval=True)
+
+    def _check_fits(self, pipeline: Pipeline, question: str) -> None:
+        """Refuse before searching what could never be answered: max_tokens that leave no room
+        for a prompt, a question longer than the prompt budget (the refusal path of the
+        relevance floor would otherwise answer it)."""
+        try:
+            budget = pipeline.prompt_budget
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="max_tokens",
+                           code="context_length_exceeded") from exc
+        length = len(self.generator.tokenizer(question, add_special_tokens=False)["input_ids"])
+        if length > budget:
+            raise APIError(400, f"the question takes {length} tokens, more than the {budget} a "
+                                f"prompt may have here; ask a shorter question",
+                           param="messages", code="context_length_exceeded")
 
     def submit(self, job: Job, listener=None) -> Request:
         try:
