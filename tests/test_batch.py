@@ -175,3 +175,30 @@ def test_a_full_queue_refuses_and_an_invalid_request_fails_alone(tiny_model, tin
         assert too_long.error_kind == "invalid" and "context" in too_long.error
     finally:
         scheduler.close()
+
+
+def test_an_idle_scheduler_thread_ends_and_a_new_request_starts_it_again(tiny_model,
+                                                                       tiny_tokenizer):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    scheduler = Scheduler(gen, idle_exit_s=0.05)
+    try:
+        config = GenerationConfig(max_new_tokens=8)
+        first = scheduler.submit([5, 6, 7, 8], config).result()
+        deadline = time.monotonic() + 10
+        while scheduler._thread is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert scheduler._thread is None
+        assert scheduler.submit([5, 6, 7, 8], config).result().token_ids == first.token_ids
+    finally:
+        scheduler.close()
+
+
+def test_what_a_sequence_learns_goes_back_to_the_generators_policy(tiny_model, tiny_tokenizer):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    config = GenerationConfig(max_new_tokens=40, draft=DraftConfig(adaptive=False))
+    shared = gen.policy_for(config).acceptance
+    before = sum(map(sum, shared.accepted)) + sum(map(sum, shared.rejected))
+    results, _ = _run_batched(gen, [(p, config) for p in prompts(len(tiny_tokenizer), 4)])
+    after = sum(map(sum, shared.accepted)) + sum(map(sum, shared.rejected))
+    drafted_steps = sum(sum(r.stats.accepted_lengths.values()) for r in results)
+    assert drafted_steps > 0 and after > before

@@ -64,10 +64,11 @@ class BatchSequence:
                  sources: Sequence[SourceRegion] = ()):
         self.stream: GenerationStream = gen.stream(prompt_ids, config, sources=sources)
         self.stream._cache = new_cache(gen.model)
-        shared = self.stream._policy
+        shared = self._shared = self.stream._policy
         if shared is not None:  # its own policy, starting from what the generator learned
             own = DraftPolicy(shared.config, gen.cost or ForwardCost.flat(shared.config.max_draft + 1))
             own.acceptance = copy.deepcopy(shared.acceptance)
+            self._start = copy.deepcopy(shared.acceptance)
             self.stream._policy = own
             self._cost = own.cost
         self.prompt = self.stream.prompt_ids
@@ -90,6 +91,21 @@ class BatchSequence:
 
     def stop(self) -> None:
         self.stream.stop()
+
+    def teach(self) -> None:
+        """Add what this sequence's drafts taught its policy to the generator's (called once,
+        when it ends), so later requests start from it as the engine's later calls do."""
+        own, shared = self.stream._policy, self._shared
+        if own is None or shared is None:
+            return
+        for mine, start, total in ((own.acceptance.accepted, self._start.accepted,
+                                    shared.acceptance.accepted),
+                                   (own.acceptance.rejected, self._start.rejected,
+                                    shared.acceptance.rejected)):
+            for b, row in enumerate(mine):
+                for i, value in enumerate(row):
+                    total[b][i] += value - start[b][i]
+        self._shared = None
 
     # -- one step ------------------------------------------------------------------------------
 

@@ -78,6 +78,15 @@ class PackedCache:
             row += len(block.tokens)
         self.rows = row
         self.views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        # (block index, key length, window) -> mask: the same for every layer of a kind
+        self.masks: dict[tuple[int, int, int | None], torch.Tensor | None] = {}
+
+    def mask(self, i: int, kv_len: int, window: int | None, device) -> torch.Tensor | None:
+        key = (i, kv_len, window)
+        if key not in self.masks:
+            lo, hi = self.bounds[i]
+            self.masks[key] = _block_mask(self.blocks[i].start, hi - lo, kv_len, window, device)
+        return self.masks[key]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,9 +128,9 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     window = kwargs.get("sliding_window") or None
     views = packed.views[module.layer_idx]
     outs = []
-    for block, (lo, hi), (k, v) in zip(packed.blocks, packed.bounds, views, strict=True):
+    for i, ((lo, hi), (k, v)) in enumerate(zip(packed.bounds, views, strict=True)):
         q = query[:, :, lo:hi]
-        mask = _block_mask(block.start, hi - lo, k.shape[-2], window, query.device)
+        mask = packed.mask(i, k.shape[-2], window, query.device)
         out, _ = gqa_sdpa_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
         outs.append(out)

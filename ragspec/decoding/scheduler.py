@@ -142,7 +142,10 @@ class Scheduler:
     """See the module docstring."""
 
     def __init__(self, gen: Generator, *, max_active: int = 16, max_waiting: int = 64,
-                 prefill_chunk: int = 256, name: str = "ragspec-scheduler"):
+                 prefill_chunk: int = 256, name: str = "ragspec-scheduler",
+                 idle_exit_s: float | None = None):
+        """idle_exit_s: the thread ends after this long with nothing to do (and starts again
+        with the next request), so nothing keeps an unused model alive; None: it stays."""
         if max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {max_active}")
         if max_waiting < 0:
@@ -162,8 +165,16 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closed = False
         self.steps = 0
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self.name, self.idle_exit_s = name, idle_exit_s
+        self._thread: threading.Thread | None = None
+        with self._cond:
+            self._ensure_thread()
+
+    def _ensure_thread(self) -> None:
+        """Start the owner thread unless it runs (the caller holds the lock)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self._thread.start()
 
     @property
     def packed(self) -> bool:
@@ -180,6 +191,7 @@ class Scheduler:
                 raise QueueFull(f"{len(self._waiting)} requests are already waiting; "
                                 f"try again shortly")
             self._waiting.append(request)
+            self._ensure_thread()
             self._cond.notify_all()
         return request
 
@@ -200,14 +212,22 @@ class Scheduler:
             self._cond.notify_all()
         for request in waiting:
             request._finish("the server is shutting down", "unavailable")
-        self._thread.join(timeout)
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     # -- the owner thread ---------------------------------------------------------------------
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
+        """Move waiting requests in; False when the thread should end (idle, or closed)."""
         with self._cond:
             while not self._active and not self._waiting and not self._closed:
-                self._cond.wait()
+                if not self._cond.wait(self.idle_exit_s) and not self._active \
+                        and not self._waiting:
+                    self._thread = None  # idle: a later submit starts a new thread
+                    return False
+            if self._closed and not self._active and not self._waiting:
+                return False
             admitted = []
             while self._waiting and len(self._active) + len(admitted) < self.max_active:
                 admitted.append(self._waiting.popleft())
@@ -224,20 +244,22 @@ class Scheduler:
             request.stats = request.sequence.stats
             with self._cond:
                 self._active.append(request)
+        return True
 
     def _retire(self, request: Request, error: str | None = None, kind: str = "internal") -> None:
         with self._cond:
             if request in self._active:
                 self._active.remove(request)
+        if request.sequence is not None:
+            request.sequence.teach()
         request._finish(error, kind)
         request.sequence = None  # its cache goes with it
 
     def _loop(self) -> None:
         while True:
-            self._admit()
+            if not self._admit():
+                return
             with self._cond:
-                if self._closed and not self._active:
-                    return
                 active = list(self._active)
             for request in active:
                 if request.cancelled:
@@ -265,3 +287,18 @@ class Scheduler:
                 self._retire(request)
             elif outcome.spans:
                 request._push(outcome.spans)
+
+
+_shared_lock = threading.Lock()
+
+
+def scheduler_for(gen: Generator, **kwargs) -> Scheduler:
+    """The scheduler every in-process client of `gen` shares (the chat's answers, the CLI),
+    created on first use; its thread ends after a minute idle, so a generator its owner drops
+    can be freed. kwargs configure it when it is created."""
+    with _shared_lock:
+        scheduler = getattr(gen, "_scheduler", None)
+        if scheduler is None or scheduler._closed:
+            scheduler = Scheduler(gen, idle_exit_s=60.0, **kwargs)
+            gen._scheduler = scheduler
+        return scheduler
