@@ -6,7 +6,8 @@ Contract:
     ends there, "refused", with the closest passages and no model loaded or called; otherwise
     it loads the named model (through ModelRegistry: offered names only), builds the prompt
     (ragspec.pipeline), then streams every run (one, or speculation off and on side by side: one
-    turn either way).
+    turn either way) through the model's shared scheduler (ragspec.decoding.scheduler), so
+    answers of several users are generated together.
   * Its assistant message in the chat file (ragspec.web.chats) follows it: status "waiting" when
     submitted, then "generating" with the spans so far (saved at most every `save_every`
     seconds), and finally "done", "stopped" (Stop pressed: what was written is kept, the
@@ -25,6 +26,7 @@ import time
 from dataclasses import dataclass, replace
 
 from ragspec.decoding.model import ModelNotFound
+from ragspec.decoding.scheduler import scheduler_for
 from ragspec.decoding.types import DraftConfig, GenerationConfig, SamplingConfig
 from ragspec.pipeline import NoDocumentsError, Pipeline, PipelineConfig
 from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS, retrieve
@@ -167,7 +169,9 @@ class AnswerJob(Turn):
         self._set_phase("stopped" if self.stop_requested else "done")
 
     def _stream(self, pipeline, prepared, label: str, config: GenerationConfig) -> None:
-        stream = pipeline.stream(prepared, config)
+        # through the model's shared scheduler: answers running at once are batched
+        stream = scheduler_for(pipeline.generator).submit(prepared.prompt_ids, config,
+                                                          sources=prepared.sources)
         run = {"label": label, "spans": [], "stats": None}
         with self._lock:
             self.runs.append(run)
@@ -181,6 +185,8 @@ class AnswerJob(Turn):
         finally:
             self.on_stop(None)
             run["stats"] = stream.stats
+        if stream.error is not None and stream.error_kind != "cancelled":
+            raise (ValueError if stream.error_kind == "invalid" else RuntimeError)(stream.error)
 
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
