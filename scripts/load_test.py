@@ -72,6 +72,21 @@ def percentile(values: list[float], q: float) -> float | None:
 
 # -- the server -------------------------------------------------------------------------------
 
+def wait_healthy(url: str, process: subprocess.Popen, timeout: float, where: str = "") -> None:
+    """Until GET /health answers 200; RuntimeError when the process exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"ragspec serve exited with status {process.returncode} {where}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"ragspec serve did not come up in {timeout:.0f} s {where}")
+
+
 class Server:
     def __init__(self, index: Path, port: int, args, log: Path):
         self.index, self.port, self.args, self.log = index, port, args, log
@@ -86,17 +101,7 @@ class Server:
             argv += ["--model", self.args.model]
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"ragspec serve exited; see {self.log}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError("ragspec serve did not come up in time")
+        wait_healthy(self.url, self.process, timeout, f"see {self.log}")
 
     def health(self) -> dict:
         return httpx.get(f"{self.url}/health", timeout=10).json()
@@ -223,20 +228,15 @@ def disconnect_case(server: Server, question: str, max_tokens: int, solo: str) -
             and after["text"] == solo, "answer_unchanged": after["text"] == solo}
 
 
-def tree_digest(folder: Path) -> dict[str, str]:
-    if not folder.is_dir():
-        return {}
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.endswith(".lock")}
-
-
-def kill_case(server: Server, question: str, max_tokens: int, solo: str, chats: Path) -> dict:
-    before = (tree_digest(server.index), tree_digest(chats))
+def stream_in_background(client: openai.OpenAI, question: str, max_tokens: int
+                         ) -> tuple[threading.Thread, threading.Event]:
+    """A streamed answer read by a thread; the event is set at its first text. A connection the
+    server drops (it was killed) ends the thread quietly."""
     streaming = threading.Event()
 
     def reader():
         try:
-            for chunk in client_for(server).chat.completions.create(
+            for chunk in client.chat.completions.create(
                     model="ragspec", stream=True, max_tokens=max_tokens,
                     messages=[{"role": "user", "content": question}]):
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -246,6 +246,19 @@ def kill_case(server: Server, question: str, max_tokens: int, solo: str, chats: 
 
     thread = threading.Thread(target=reader)
     thread.start()
+    return thread, streaming
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    if not folder.is_dir():
+        return {}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.endswith(".lock")}
+
+
+def kill_case(server: Server, question: str, max_tokens: int, solo: str, chats: Path) -> dict:
+    before = (tree_digest(server.index), tree_digest(chats))
+    thread, streaming = stream_in_background(client_for(server), question, max_tokens)
     killed_mid_answer = streaming.wait(300)
     server.kill()
     thread.join(60)

@@ -202,3 +202,32 @@ def test_what_a_sequence_learns_goes_back_to_the_generators_policy(tiny_model, t
     after = sum(map(sum, shared.accepted)) + sum(map(sum, shared.rejected))
     drafted_steps = sum(sum(r.stats.accepted_lengths.values()) for r in results)
     assert drafted_steps > 0 and after > before
+
+
+def test_lone_decode_steps_feed_the_engines_cost_watch(tiny_model, tiny_tokenizer):
+    from ragspec.decoding.policy import ForwardCost
+
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[10**6],
+                    cost=ForwardCost.flat(17))
+    config = GenerationConfig(max_new_tokens=30)
+    _run_batched(gen, [(list(range(5, 30)), config)])
+    alone = sum(len(v) for v in gen.watch._samples.values())
+    assert alone >= 20  # one sample per decode step of the lone sequence
+    gen.watch.reset()
+    _run_batched(gen, [(list(range(5, 30)), config), (list(range(6, 40)), config)],
+                 prefill_chunk=1000)
+    # steps shared by two sequences are not what the curve measures
+    assert sum(len(v) for v in gen.watch._samples.values()) <= 5
+
+
+def test_a_request_read_to_its_end_can_be_read_again_without_blocking(tiny_model,
+                                                                     tiny_tokenizer):
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    scheduler = Scheduler(gen)
+    try:
+        request = scheduler.submit([5, 6, 7, 8], GenerationConfig(max_new_tokens=6))
+        spans = list(request)
+        assert list(request) == [] and request.drain() == ([], True)
+        assert request.result().spans == spans  # result() after iterating: no wait
+    finally:
+        scheduler.close()

@@ -8,17 +8,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import serve_support
 from conftest import REPO, make_tiny_model, save_model_folder
 
 from ragspec.commands.serve import parse_indexes
+from scripts.load_test import stream_in_background, wait_healthy
 
 RAGSPEC = str(Path(sys.executable).with_name("ragspec"))  # the installed command
 
@@ -54,18 +52,8 @@ def _serve(home: Path, model: Path, index: Path, port: int) -> subprocess.Popen:
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"ragspec serve exited: {process.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("ragspec serve did not come up")
+def _wait_healthy(url: str, process: subprocess.Popen) -> None:
+    wait_healthy(url, process, 180, "(its output: a pipe read by the test on failure)")
 
 
 def _index_files(index: Path) -> dict[str, bytes]:
@@ -95,20 +83,7 @@ def test_the_command_serves_and_survives_a_kill_mid_answer(tmp_path, tiny_tokeni
             model="ragspec", messages=[{"role": "user", "content": "metrics port?"}])
         assert first.model_extra["ragspec"]["passages"]
         # kill -9 while an answer streams
-        got_text = threading.Event()
-
-        def stream():
-            try:
-                for chunk in client.chat.completions.create(
-                        model="ragspec", stream=True, max_tokens=40,
-                        messages=[{"role": "user", "content": "metrics port?"}]):
-                    if chunk.choices and chunk.choices[0].delta.content:
-                        got_text.set()
-            except (openai.APIError, httpx.HTTPError):
-                pass
-
-        reader = threading.Thread(target=stream)
-        reader.start()
+        reader, got_text = stream_in_background(client, "metrics port?", 40)
         assert got_text.wait(60)
         process.send_signal(signal.SIGKILL)
         process.wait(30)

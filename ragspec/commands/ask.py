@@ -72,23 +72,34 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
         return
     loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
 
+    from ragspec.decoding.scheduler import scheduler_for
     from ragspec.pipeline import Pipeline, PipelineConfig
 
     pipeline = Pipeline(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens,
                                                    search=search_mode, min_score=min_score))
+    # the same scheduler the chat and `ragspec serve` generate through; one answer at a time
+    # here (--compare's two runs must not share steps), each prompt read in one piece
+    scheduler = scheduler_for(gen, max_active=1, prefill_chunk=1 << 30)
     try:
         prepared = pipeline.prepare_retrieved(retrieval)
         streams = []
+        runs = [("speculation on" if compare else "", config)]
         if compare:
-            off = replace(config, draft=replace(config.draft, enabled=False))
-            streams.append(("speculation off", pipeline.stream(prepared, off)))
-        streams.append(("speculation on" if compare else "", pipeline.stream(prepared, config)))
+            runs.insert(0, ("speculation off",
+                            replace(config, draft=replace(config.draft, enabled=False))))
+        for label, run_config in runs:
+            gen.stream(prepared.prompt_ids, run_config)  # refuses what the engine refuses, now
+            streams.append((label, scheduler.submit(prepared.prompt_ids, run_config,
+                                                    sources=prepared.sources)))
     except (RetrievalError, ValueError) as exc:  # a missing embedder, a question too long...
         raise click.ClickException(str(exc)) from exc
-    if as_json:
-        _print_json(question, prepared, streams, loaded.name, retrieval)
-    else:
-        _print_text(prepared, streams, config.sampling.greedy)
+    try:
+        if as_json:
+            _print_json(question, prepared, streams, loaded.name, retrieval)
+        else:
+            _print_text(prepared, streams, config.sampling.greedy)
+    except RuntimeError as exc:  # a generation that failed in the scheduler
+        raise click.ClickException(str(exc)) from exc
 
 
 def _print_refusal(retrieval, as_json: bool) -> None:

@@ -179,11 +179,16 @@ def batch_step(gen: Generator, sequences: Sequence[BatchSequence], prefill_budge
     planned = plan_step(sequences, prefill_budget)
     if not planned:
         return {}
+    clock = time.perf_counter()
     if packed:
         logits = packed_forward(gen.model, [block for _, block in planned])
     else:
         logits = [_alone(gen.model, block) for _, block in planned]
-    return {seq: seq.take(rows) for (seq, _), rows in zip(planned, logits, strict=True)}
+    outcomes = {seq: seq.take(rows) for (seq, _), rows in zip(planned, logits, strict=True)}
+    if len(planned) == 1 and planned[0][1].logits == "all" and planned[0][0].stream._policy:
+        # a lone decode step is what the cost curve measures: let the engine's watch see it
+        gen.watch.observe(len(planned[0][1].tokens), time.perf_counter() - clock)
+    return outcomes
 
 
 def _alone(model, block: Block) -> torch.Tensor | None:

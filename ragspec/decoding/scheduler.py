@@ -62,6 +62,7 @@ class Request:
         self.cancelled = False
         self.done = threading.Event()
         self._events: collections.deque = collections.deque()
+        self._ended = False  # the reader has seen the end
         self._cond = threading.Condition()
         self.sequence: BatchSequence | None = None
 
@@ -106,21 +107,24 @@ class Request:
 
     def drain(self) -> tuple[list[Span], bool]:
         """The spans that arrived since the last call, and whether the request has ended."""
-        out, ended = [], False
+        out = []
         with self._cond:
             while self._events:
                 item = self._events.popleft()
                 if item is None:
-                    ended = True
+                    self._ended = True
                 else:
                     out.append(item)
+            ended = self._ended
         self.spans.extend(out)
         return out, ended
 
     def __iter__(self) -> Iterator[Span]:
+        """The spans not yet read, as they come; ends with the request (at once when it has
+        ended and everything was read)."""
         while True:
             with self._cond:
-                while not self._events:
+                while not self._events and not self._ended:
                     self._cond.wait()
             spans, ended = self.drain()
             yield from spans
@@ -280,13 +284,17 @@ class Scheduler:
                 self._retire(request, f"generation failed ({exc.__class__.__name__}: {exc})")
             return
         self.steps += 1
+        ended = False
         for seq, outcome in outcomes.items():
             request = by_sequence[seq]
             if outcome.done:
                 request._push(outcome.spans)
                 self._retire(request)
+                ended = True
             elif outcome.spans:
                 request._push(outcome.spans)
+        if ended and not self._active and not self._waiting:
+            self.gen.check_cost()  # as the engine does after a generation (may re-measure)
 
 
 _shared_lock = threading.Lock()
