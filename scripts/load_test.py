@@ -46,6 +46,7 @@ from pathlib import Path
 import httpx
 import openai
 
+from ragspec.search import NOT_IN_DOCUMENTS
 from scripts.malformed import malformed_requests
 
 HOST = "127.0.0.1"  # loopback only: this script never sends traffic anywhere else
@@ -308,6 +309,10 @@ def anchor_case(index: Path, questions: list[str], solo: dict[str, dict], max_to
             continue
         answer = json.loads(done.stdout)["answer"]
         api = solo[q]
+        if answer is None:  # below the relevance floor: both must refuse
+            out.append({"question": q, "refused": True,
+                        "identical": api["text"] == NOT_IN_DOCUMENTS})
+            continue
         out.append({"question": q, "identical": answer["text"] == api["text"],
                     "ask_tokens_per_s": answer["stats"]["tokens_per_s"],
                     "api_tokens_per_s": api["tokens_per_s"],
