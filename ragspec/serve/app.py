@@ -110,7 +110,7 @@ async def _answer(service: Service, kind: str, body, job: Job, request: Request)
     if job.refusal is not None:
         text, generation = service.refusal_text(), None
         if body.stream:
-            return _sse(_refusal_events(service, kind, rid, created, body, job, text))
+            return await _sse(_refusal_events(service, kind, rid, created, body, job, text))
         use = responses.usage(len(job.prompt_ids), 0)
         return responses.completion(kind, rid, created, job.model, text, "stop", use,
                                     service.extension(job, generation))
@@ -118,7 +118,7 @@ async def _answer(service: Service, kind: str, body, job: Job, request: Request)
     wake = asyncio.Event()
     generation = service.submit(job, listener=lambda: loop.call_soon_threadsafe(wake.set))
     if body.stream:
-        return _sse(_stream(service, kind, rid, created, body, job, generation, wake))
+        return await _sse(_stream(service, kind, rid, created, body, job, generation, wake))
     try:
         await _wait(generation, wake, request)
     finally:
@@ -207,8 +207,18 @@ async def _refusal_events(service: Service, kind: str, rid: str, created: int, b
     yield responses.DONE
 
 
-def _sse(events: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
+async def _sse(events) -> StreamingResponse:
+    """The event stream as a response. Its first event is produced here, so the generator has
+    entered its `try` before the response starts: a client gone before the first byte still
+    closes it (and so cancels the generation) when the response is dropped."""
+    first = await events.__anext__()
+
+    async def chained():
+        yield first
+        async for event in events:
+            yield event
+
+    return StreamingResponse(chained(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
