@@ -11,7 +11,8 @@ for the whole run):
      a free loopback port (the model cache of $RAGSPEC_HOME is reused);
   2. solo: each question alone, streamed — the reference answers, and the N = 1 numbers;
   3. for each N in --clients: N client threads take the questions from one queue, streamed
-     with usage; aggregate tokens/s (all completion tokens over the level's wall time),
+     with usage (client i starts i x --stagger seconds after the first: by default arrivals
+     spread over one solo answer, as clients in a steady state; --stagger 0 is a burst); aggregate tokens/s (all completion tokens over the level's wall time),
      per-request tokens/s (completion tokens over its end-to-end latency), p50/p95 time to
      first token and latency, and whether every answer was complete (a finish_reason and
      [DONE]) and identical to its solo run;
@@ -155,15 +156,18 @@ def client_for(server: Server) -> openai.OpenAI:
 
 
 def run_level(server: Server, questions: list[str], clients: int, max_tokens: int,
-              deadline: float) -> tuple[list[dict], float]:
-    """All questions through `clients` concurrent streaming clients; (results, wall seconds)."""
+              deadline: float, stagger: float = 0.0) -> tuple[list[dict], float]:
+    """All questions through `clients` concurrent streaming clients; (results, wall seconds).
+    Client i sends its first request i * stagger seconds after the first client (0: all at
+    once, a burst)."""
     work: queue.Queue = queue.Queue()
     for i, q in enumerate(questions):
         work.put((i, q))
     results: list[dict | None] = [None] * len(questions)
 
-    def worker():
+    def worker(i: int):
         client = client_for(server)
+        time.sleep(i * stagger)
         while time.monotonic() < deadline:
             try:
                 i, q = work.get_nowait()
@@ -175,7 +179,7 @@ def run_level(server: Server, questions: list[str], clients: int, max_tokens: in
                 results[i] = {"question": q, "error": f"{exc.__class__.__name__}: {exc}",
                               "complete": False}
 
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -337,6 +341,9 @@ def main(argv=None) -> int:
     parser.add_argument("--malformed", type=int, default=1000)
     parser.add_argument("--anchor", type=int, default=0,
                         help="compare the first K questions with `ragspec ask` (default 0)")
+    parser.add_argument("--stagger", type=float, default=None,
+                        help="seconds between the clients' first requests (default: the median "
+                             "solo latency / N, arrivals spread over one answer; 0: a burst)")
     parser.add_argument("--max-seconds", type=float, default=3600)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -367,8 +374,10 @@ def main(argv=None) -> int:
         for n in levels:
             if n == 1 or time.monotonic() > deadline:
                 continue
-            results, wall = run_level(server, questions, n, args.max_tokens, deadline)
-            report["levels"][str(n)] = summarize(results, wall, texts)
+            stagger = (args.stagger if args.stagger is not None else statistics.median(
+                [r["latency_s"] for r in solo.values()]) / n if solo else 0.0)
+            results, wall = run_level(server, questions, n, args.max_tokens, deadline, stagger)
+            report["levels"][str(n)] = {**summarize(results, wall, texts), "stagger_s": stagger}
         one = report["levels"]["1"]["aggregate_tokens_per_s"]
         for level in report["levels"].values():
             level["aggregate_over_one_client"] = level["aggregate_tokens_per_s"] / one if one else None

@@ -300,11 +300,15 @@ def _hold_open(url: str, opened: threading.Event, release: threading.Event) -> N
         pass
 
 
-@pytest.mark.parametrize("content,max_tokens", [("word " * 2000, 10), ("short", 10**7)])
-def test_retrieval_requests_that_cannot_fit_are_400_even_below_the_floor(server, content,
-                                                                         max_tokens):
-    body = {"model": "ragspec", "max_tokens": max_tokens, "ragspec": {"min_score": 0.99},
-            "messages": [{"role": "user", "content": content}]}
+@pytest.mark.parametrize("content,extra,code", [
+    ("word " * 2000, {}, "context_length_exceeded"),
+    ("short", {"max_tokens": 10**7}, "context_length_exceeded"),
+    ("short", {"stop": [""]}, None),
+    ("short", {"stop": ["a", "b", "c", "d", "e"]}, None),
+])
+def test_bad_retrieval_requests_are_400_even_below_the_floor(server, content, extra, code):
+    body = {"model": "ragspec", "max_tokens": 10, "ragspec": {"min_score": 0.99},
+            "messages": [{"role": "user", "content": content}], **extra}
     reply = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
     assert reply.status_code == 400
-    assert reply.json()["error"]["code"] == "context_length_exceeded"
+    assert reply.json()["error"]["code"] == code

@@ -85,8 +85,11 @@ class _Generation(_Strict):
         return tuple(stops)
 
     def check(self) -> None:
+        """What the schema cannot say; before anything runs (a refusal too must not pass a bad
+        request)."""
         if self.n not in (None, 1):
             raise APIError(400, "n: ragspec writes one choice per request (n = 1)", param="n")
+        self.stops()
 
     def generation_config(self, default_max_tokens: int) -> GenerationConfig:
         """The engine's config for this request; max_tokens defaults to `default_max_tokens`."""
