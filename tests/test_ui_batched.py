@@ -44,8 +44,8 @@ def test_two_users_are_answered_together_and_as_when_alone(tmp_path, monkeypatch
     def both_in_one_step():
         nonlocal scheduler
         _, gen = job_a.models.get("tiny")
-        scheduler = gen._scheduler
-        return scheduler.load()["active"] == 2
+        scheduler = getattr(gen, "_scheduler", None)  # made by the first answer's first run
+        return scheduler is not None and scheduler.load()["active"] == 2
 
     wait_for(both_in_one_step, what="both answers in the scheduler at once")
     settle(a, b)
