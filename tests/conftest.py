@@ -16,6 +16,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 # The de-quantised bundled model is reused between test runs (conversion takes ~30 s).
 MODEL_CACHE = Path(os.environ.get("RAGSPEC_TEST_MODEL_CACHE", REPO / ".ragspec-home" / "models"))
+# ragspec's CPU kernels are compiled once (about a minute) and shared by every test and every
+# command a test runs, whatever RAGSPEC_HOME it sets.
+os.environ.setdefault("RAGSPEC_KERNELS_DIR", str(MODEL_CACHE / "kernels"))
 
 
 def make_char_tokenizer():

@@ -59,7 +59,7 @@ def tiny_store(tmp_path):
     return store
 
 
-def start(model, tokenizer, store=None, *, max_active=4, max_waiting=8, prefill_chunk=64,
+def start(model, tokenizer, store=None, *, max_active=4, max_waiting=8, prefill_chunk=None,
           max_new_tokens=48, min_score=0.0, k=2, max_body_bytes=1 << 16, eos=2,
           **app_kwargs) -> Running:
     gen = Generator(model, tokenizer, eos_token_ids=[eos] if isinstance(eos, int) else list(eos))

@@ -11,7 +11,7 @@ from test_engine import prompts
 
 from ragspec.decoding.cache import new_cache
 from ragspec.decoding.engine import Generator, forward
-from ragspec.decoding.packed import PACKABLE_FAMILIES, Block, packed_forward, packing_problem
+from ragspec.decoding.ragged import PACKABLE_FAMILIES, Block, packed_forward, packing_problem
 from ragspec.decoding.scheduler import QueueFull, Scheduler
 from ragspec.decoding.types import DraftConfig, GenerationConfig
 
@@ -57,7 +57,7 @@ def test_packed_forward_gives_each_block_the_logits_of_its_own_forward(tiny_mode
     assert [x.get_seq_length() for x in packed] == [x.get_seq_length() for x in alone]
 
 
-@pytest.mark.parametrize("max_active,prefill_chunk", [(4, 7), (12, 256), (1, 5)])
+@pytest.mark.parametrize("max_active,prefill_chunk", [(4, 7), (12, None), (1, 5), (3, None)])
 def test_batched_greedy_output_equals_each_request_run_alone(tiny_model, tiny_tokenizer,
                                                             max_active, prefill_chunk):
     gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])

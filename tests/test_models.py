@@ -21,7 +21,7 @@ from conftest import REPO, make_family_model, save_model_folder
 from test_arch_matrix import hf_greedy
 
 from ragspec.cli import main
-from ragspec.decoding.attention import NAME
+from ragspec.decoding.attention import NAME, NATIVE
 from ragspec.decoding.engine import Generator
 from ragspec.decoding.hub import HubError, select_files, wanted
 from ragspec.decoding.model import ModelNotFound, ModelNotSupported, load_model
@@ -41,11 +41,15 @@ def one_line_error(res, code: int = 1) -> str:
 
 # -- folders of other families -------------------------------------------------------------------
 
-def test_gemma2_folder_loads_with_stock_attention_and_matches_generate(tmp_path, tiny_tokenizer):
+@pytest.mark.parametrize("weights,attention", [("fp32", "eager"), ("auto", NATIVE)])
+def test_gemma2_folder_loads_with_its_attention_and_matches_generate(tmp_path, tiny_tokenizer,
+                                                                    weights, attention):
+    """fp32: transformers' eager attention (sdpa cannot soft-cap); packed weights: ragspec's
+    kernel, which soft-caps."""
     folder = save_model_folder(make_family_model("gemma2", len(tiny_tokenizer)), tiny_tokenizer,
                                tmp_path / "gemma2")
-    loaded = load_model(str(folder), tmp_path / "cache")
-    assert loaded.attention == "eager" and loaded.speculation_off_reason is None
+    loaded = load_model(str(folder), tmp_path / "cache", weights=weights)
+    assert loaded.attention == attention and loaded.speculation_off_reason is None
     prompt = [5, 6, 7, 8, 9, 10] * 10
     got = Generator.from_loaded(loaded).generate(prompt, GenerationConfig(max_new_tokens=24))
     assert got.token_ids == hf_greedy(loaded.model, prompt, 24)
@@ -53,7 +57,9 @@ def test_gemma2_folder_loads_with_stock_attention_and_matches_generate(tmp_path,
 
 def test_llama_folder_runs_ragspecs_attention(tmp_path, tiny_model, tiny_tokenizer):
     folder = save_model_folder(tiny_model, tiny_tokenizer, tmp_path / "llama")
-    assert load_model(str(folder), tmp_path / "cache").attention == NAME
+    assert load_model(str(folder), tmp_path / "cache", weights="fp32").attention == NAME
+    packed = load_model(str(folder), tmp_path / "cache")
+    assert packed.attention == NATIVE and packed.weights == "int8"
 
 
 def test_recurrent_model_generates_without_drafts_and_the_cli_says_so_once(run, tmp_path,
@@ -142,9 +148,12 @@ def hub_cache(tmp_path, monkeypatch, tiny_model, tiny_tokenizer):
 
 def test_a_cached_hub_id_loads_offline_and_a_base_model_generates_without_a_template(
         hub_cache, run, tmp_path, tiny_model):
-    loaded = load_model("tiny-org/tiny-base", tmp_path / "cache")
+    fp32 = load_model("tiny-org/tiny-base", tmp_path / "cache", weights="fp32")
+    assert str(hub_cache) in str(fp32.model.config._name_or_path)
+    loaded = load_model("tiny-org/tiny-base", tmp_path / "cache")  # quantised from the same files
     assert loaded.name == "tiny-org/tiny-base"
-    assert str(hub_cache) in str(loaded.model.config._name_or_path)
+    source = Path(loaded.model.config._name_or_path) / "ragspec-source.json"
+    assert str(hub_cache) in json.loads(source.read_text())["source"]
     res = run("generate", "--prompt", "abcabcabc", "--max-new-tokens", "10",
               "--model", "tiny-org/tiny-base", "--json")
     assert res.exit_code == 0, res.output

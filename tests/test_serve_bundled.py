@@ -38,7 +38,7 @@ def test_concurrent_api_answers_equal_the_pipeline_alone(bundled, corpus_store):
     want = [pipeline.ask(q, gen_config=GenerationConfig(max_new_tokens=48)).result
             for q in questions]
     running = serve_support.start(bundled.model, bundled.tokenizer, corpus_store,
-                                  max_new_tokens=48, min_score=0.4, k=4, prefill_chunk=256,
+                                  max_new_tokens=48, min_score=0.4, k=4,
                                   eos=sorted(bundled.eos_token_ids))
     try:
         client = openai.OpenAI(base_url=running.base_url, api_key="x", max_retries=0,

@@ -40,7 +40,7 @@ from ragspec.terminal import printable, render_spans, stats_line
 @model_options
 def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_json,
         temperature, top_p, top_k, seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec,
-        device, exact):
+        device, exact, weights):
     """Answer QUESTION from your indexed documents.
 
     The top-k passages go into the prompt, numbered; the answer streams with the spans that were
@@ -70,7 +70,8 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
     if retrieval.refused:
         _print_refusal(retrieval, as_json)
         return
-    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
+    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json,
+                                         weights=weights)
 
     from ragspec.decoding.scheduler import scheduler_for
     from ragspec.pipeline import Pipeline, PipelineConfig
@@ -79,7 +80,7 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
                                                    search=search_mode, min_score=min_score))
     # the same scheduler the chat and `ragspec serve` generate through; one answer at a time
     # here (--compare's two runs must not share steps), each prompt read in one piece
-    scheduler = scheduler_for(gen, max_active=1, prefill_chunk=1 << 30)
+    scheduler = scheduler_for(gen, max_active=1)
     try:
         prepared = pipeline.prepare_retrieved(retrieval)
         streams = []

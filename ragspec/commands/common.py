@@ -36,11 +36,18 @@ min_score_option = click.option(
 
 
 def model_options(f):
-    """--model/--device/--exact, shared by the commands that load the generator."""
+    """--model/--weights/--device/--exact, shared by the commands that load the generator."""
+    from ragspec.decoding.weights import WEIGHTS
+
     f = click.option("--exact", is_flag=True,
-                     help="fp32 weights everywhere: no bf16 on a GPU, no 4-bit decode steps on "
-                          "a CPU even with RAGSPEC_INT4=1 (greedy output then matches "
-                          "model.generate token for token).")(f)
+                     help="On a GPU: fp32 instead of bf16, so greedy output matches "
+                          "model.generate token for token (on a CPU it always does).")(f)
+    f = click.option("--weights", type=click.Choice(WEIGHTS), default="auto", show_default=True,
+                     help="What the model's layers compute with. gguf: a GGUF file's own "
+                          "quantisation, kept packed; int8/int4/bf16: the model quantised once "
+                          "into the model cache; fp32: de-quantised weights in transformers' "
+                          "layers. auto: gguf for a .gguf file and int8 for a model folder on a "
+                          "CPU, fp32 (bf16) on a GPU.")(f)
     f = click.option("--device", default=None, metavar="DEV",
                      help="torch device (default: cuda if available, else cpu).")(f)
     f = click.option("--model", "model_spec", default=None, metavar="M",
@@ -92,10 +99,11 @@ def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_ad
 
 
 def generator_from_options(model_spec: str | None, device: str | None = None, exact: bool = False,
-                           max_draft: int = 16, quiet: bool = False):
+                           max_draft: int = 16, quiet: bool = False, weights: str = "auto"):
     """Load as ragspec.loading.load_generator does, with progress notes on stderr and errors as one
     clear line.
     A model that cannot speculate (its layers cannot be rolled back) is said so once."""
+    from ragspec.decoding import native
     from ragspec.decoding.calibrate import COSTS_FILE
     from ragspec.decoding.model import BUNDLED, ModelNotFound, load_model
     from ragspec.loading import generator_for
@@ -108,8 +116,12 @@ def generator_from_options(model_spec: str | None, device: str | None = None, ex
             click.echo(f"Converting {printable(what)} once (tens of seconds, longer for large "
                        f"files)...", err=True)
 
+    if not quiet and weights != "fp32" and native.needs_build(cache):
+        click.echo("Building ragspec's CPU kernels for this machine once (about a minute)...",
+                   err=True)
     try:
-        loaded = load_model(model_spec, cache, device=device, exact=exact, on_convert=converting)
+        loaded = load_model(model_spec, cache, device=device, exact=exact, weights=weights,
+                            on_convert=converting)
     except ModelNotFound as exc:
         raise click.ClickException(printable(str(exc))) from exc
     if not quiet and loaded.speculation_note:

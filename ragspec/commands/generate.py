@@ -50,7 +50,8 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 @draft_options
 @model_options
 def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperature, top_p, top_k,
-             seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec, device, exact):
+             seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec, device, exact,
+             weights):
     """Generate a continuation of a prompt with n-gram speculation.
 
     Drafts are copied from the prompt and the output so far and verified by the model in one
@@ -66,7 +67,8 @@ def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperatur
     text = read_prompt(prompt, prompt_file)
     config = build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
                           max_ngram, max_draft, stop)
-    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
+    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json,
+                                         weights=weights)
 
     from ragspec.decoding.model import chat_prompt_ids
 

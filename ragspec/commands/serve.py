@@ -63,9 +63,10 @@ def _check_port(host: str, port: int) -> None:
               help="Requests generated together (batched into one forward per step).")
 @click.option("--max-waiting", default=64, show_default=True, type=click.IntRange(0, 100000),
               help="Requests that may wait for a slot; beyond that the API answers 429.")
-@click.option("--prefill-chunk", default=256, show_default=True, type=click.IntRange(1),
-              help="Most prompt tokens of newcomers processed per step, so running answers "
-                   "keep flowing while a long prompt is read.")
+@click.option("--prefill-chunk", default=None, type=click.IntRange(1), metavar="N",
+              help="Read newcomers' prompts N tokens per step, so running answers pause less "
+                   "(a chunked prompt may round differently from a whole one). Default: each "
+                   "prompt whole, one newcomer per step, exactly as `ragspec ask` reads it.")
 @click.option("--max-body-kb", default=1024, show_default=True, type=click.IntRange(1),
               help="Largest request body accepted (413 beyond).")
 @click.option("--log-level", default="warning", show_default=True,

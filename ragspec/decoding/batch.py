@@ -4,19 +4,21 @@ per sequence.
 Contract: a `BatchSequence` is one request's whole generation state — the single-sequence
 engine's GenerationStream (n-gram index, sampling stream, span text, stats; built by
 `Generator.stream`, so a request is validated exactly as `ragspec generate` validates it), its
-own KV cache and its own draft policy. `batch_step(gen, sequences, prefill_budget)` advances every
-sequence by one step in ONE forward (ragspec.decoding.packed) and returns what each produced:
+own KV cache and its own draft policy. `batch_step(gen, sequences, prefill_chunk)` advances every
+sequence by one step in ONE forward (ragspec.decoding.ragged) and returns what each produced:
 
-    prefilling   the next chunk of its prompt (at most `prefill_budget` prompt rows in the whole
-                 step, oldest sequence first, so the first newcomer gets its first token soonest
-                 while running answers keep flowing); the last chunk also yields its first token;
+    prefilling   its prompt, in a forward of its own: whole (the default: one newcomer per
+                 step, oldest first, computed as the engine's prefill is) or in chunks of at
+                 most `prefill_chunk` rows per step (running answers pause less, but a chunked
+                 prompt may round differently from a whole one); the last piece also yields
+                 the first token;
     decoding     [last token, draft...]: propose (n-gram index) ► decide (its policy, costing the
                  draft as the step's extra rows) ► verify (the shared forward) ► accept (greedy or
                  the point-mass rule) ► crop its own cache.
 
 Greedy output equals the sequence run alone with the engine up to the kernels' rounding of a
 row computed among T rows against the same row among fewer (batch-invariant kernels make it
-exact). A model that cannot be packed (ragspec.decoding.packed.packing_problem) runs the same
+exact). A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
 plan with one forward per sequence: still interleaved, not queued.
 """
 
@@ -31,8 +33,9 @@ import torch
 
 from ragspec.decoding.cache import new_cache
 from ragspec.decoding.engine import GenerationStream, Generator, Step, forward
-from ragspec.decoding.packed import Block, packed_forward
+from ragspec.decoding.packed import step_forward
 from ragspec.decoding.policy import DraftPolicy, ForwardCost
+from ragspec.decoding.ragged import Block, packed_forward
 from ragspec.decoding.sampling import next_token
 from ragspec.decoding.types import GenerationConfig, SourceRegion, Span
 
@@ -45,8 +48,8 @@ class ShiftedCost:
     def __init__(self, base: ForwardCost, others: int = 0):
         self.base, self.others = base, others
 
-    def __call__(self, n: int) -> float:
-        return self.base(self.others + n)
+    def __call__(self, n: int, context: int | None = None) -> float:
+        return self.base(self.others + n, context)
 
 
 @dataclass
@@ -151,43 +154,62 @@ class BatchSequence:
         return Outcome(spans, done)
 
 
-def plan_step(sequences: Sequence[BatchSequence], prefill_budget: int
-              ) -> list[tuple[BatchSequence, Block]]:
-    """Every decoding sequence's rows, then prompt chunks (oldest first) within the budget."""
-    decoding = [s for s in sequences if not s.prefilling]
+def plan_step(sequences: Sequence[BatchSequence], prefill_chunk: int | None
+              ) -> tuple[list[tuple[BatchSequence, Block]], list[tuple[BatchSequence, Block]]]:
+    """(prompt pieces, decode rows) for one step. Prompt pieces, oldest newcomer first: with
+    prefill_chunk None, the oldest newcomer's whole prompt (one per step); else at most
+    prefill_chunk prompt rows in all. Then every decoding sequence's rows."""
+    prefills: list[tuple[BatchSequence, Block]] = []
     prefilling = [s for s in sequences if s.prefilling]
-    planned: list[tuple[BatchSequence, Block]] = []
-    budget = prefill_budget
-    for seq in prefilling:
-        if budget <= 0:
-            break
-        block = seq.plan_prefill(budget)
-        budget -= len(block.tokens)
-        planned.append((seq, block))
-    rows = sum(len(b.tokens) for _, b in planned) + len(decoding)
-    for seq in decoding:
-        block = seq.plan_decode(rows - 1)  # the others: everything planned but its own row
-        rows += len(block.tokens) - 1
-        planned.append((seq, block))
-    return planned
-
-
-def batch_step(gen: Generator, sequences: Sequence[BatchSequence], prefill_budget: int, *,
-               packed: bool = True) -> dict[BatchSequence, Outcome]:
-    """Advance every sequence by one step (see the module docstring). packed=False runs one
-    forward per sequence (for models that cannot be packed)."""
-    planned = plan_step(sequences, prefill_budget)
-    if not planned:
-        return {}
-    clock = time.perf_counter()
-    if packed:
-        logits = packed_forward(gen.model, [block for _, block in planned])
+    if prefill_chunk is None:
+        if prefilling:
+            prefills.append((prefilling[0], prefilling[0].plan_prefill(1 << 62)))
     else:
-        logits = [_alone(gen.model, block) for _, block in planned]
-    outcomes = {seq: seq.take(rows) for (seq, _), rows in zip(planned, logits, strict=True)}
-    if len(planned) == 1 and planned[0][1].logits == "all" and planned[0][0].stream._policy:
+        budget = prefill_chunk
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            block = seq.plan_prefill(budget)
+            budget -= len(block.tokens)
+            prefills.append((seq, block))
+    decoding = [s for s in sequences if not s.prefilling]
+    decodes: list[tuple[BatchSequence, Block]] = []
+    rows = len(decoding)
+    for seq in decoding:
+        block = seq.plan_decode(rows - 1)  # the others: every row planned but its own
+        rows += len(block.tokens) - 1
+        decodes.append((seq, block))
+    return prefills, decodes
+
+
+def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
+               prefill_chunk: int | None = None, *, packed: bool = True
+               ) -> dict[BatchSequence, Outcome]:
+    """Advance every sequence by one step (see the module docstring). packed=False runs one
+    forward per sequence (for models that cannot be packed).
+
+    Each prompt piece is a forward of its own, as the engine's prefill is (a prefill-sized
+    forward takes the weights' prefill path, ragspec.decoding.packed); all decode rows go in
+    one forward inside `step_forward()`, so the weights' row-invariant step kernels compute
+    every row as a step of its own sequence would."""
+    prefills, decodes = plan_step(sequences, prefill_chunk)
+    outcomes: dict[BatchSequence, Outcome] = {}
+    for seq, block in prefills:
+        rows = packed_forward(gen.model, [block])[0] if packed else _alone(gen.model, block)
+        outcomes[seq] = seq.take(rows)
+    if not decodes:
+        return outcomes
+    clock = time.perf_counter()
+    with step_forward():
+        if packed:
+            logits = packed_forward(gen.model, [block for _, block in decodes])
+        else:
+            logits = [_alone(gen.model, block) for _, block in decodes]
+    outcomes.update((seq, seq.take(rows)) for (seq, _), rows in zip(decodes, logits, strict=True))
+    if len(decodes) == 1 and not prefills and decodes[0][0].stream._policy:
         # a lone decode step is what the cost curve measures: let the engine's watch see it
-        gen.watch.observe(len(planned[0][1].tokens), time.perf_counter() - clock)
+        block = decodes[0][1]
+        gen.watch.observe(len(block.tokens), time.perf_counter() - clock, block.start)
     return outcomes
 
 

@@ -1,213 +1,224 @@
-"""One forward over the rows of many sequences, each attending to its own KV cache.
+"""Linear and embedding layers whose weights stay packed (GGUF block formats) in memory.
 
-Contract: `packed_forward(model, blocks)` runs ONE call
-`model(input_ids=(1, T), position_ids=(1, T), cache=PackedCache)` over the row blocks of several
-sequences packed along the sequence dimension (ragged, no padding), and returns each block's
-logits. Every block is a run of new tokens for one sequence at consecutive positions: a chunk of
-its prompt, or [last token, draft...] in a decode step; its keys and values go into that
-sequence's own cache (ragspec.decoding.cache layers, so a rejected draft is cropped as in the
-single-sequence engine), and its queries attend to that cache only, causally inside the block.
+Contract: `PackedLinear(weight, bias)` computes x·Wᵀ + b and `PackedEmbedding(weight)` looks rows
+up, with W a `PackedWeight` — N rows of K values in one of GGUF's formats (Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32), as uint8 bytes, never de-quantised as a whole. Two paths,
+chosen per forward:
 
-    input_ids     [a0 a1 a2 | b0 | c0 c1]          T = 6 rows, three sequences
-    position_ids  [17 18 19 | 40 | 3  4 ]          each block at its own positions
-    attention     a* vs A's cache, b0 vs B's, c* vs C's (never across sequences)
+  * step forwards (decode and verify: up to `STEP_ROWS` rows, or any forward inside
+    `step_forward()`) run `ragspec.qmatmul`, the native kernel that reads the packed rows once
+    for all input rows and whose result for one row does not depend on the others
+    (ragspec/decoding/native/qmatmul.cpp). A k-token verify therefore gives, row for row, what
+    k one-token steps give: greedy speculation stays exact on packed weights.
+  * long forwards (a prompt's prefill) are compute-bound: the weight is de-quantised in tiles
+    of rows (exactly as GGUF's own de-quantisation computes it) and multiplied with torch's
+    matmul — in bf16 where this CPU multiplies bf16 natively (measured once per process: at
+    least 1.5x the fp32 rate, e.g. AVX512-BF16 or AMX), else in fp32; RAGSPEC_PREFILL_DTYPE=
+    fp32|bf16 overrides. Prefill runs the same way whether speculation is on or off, so it
+    does not affect exactness.
 
-How: the model's linear layers, norms and RoPE see the packed (1, T, hidden) rows as one
-sequence (RoPE takes position_ids per row). `PackedCache.update` routes each block's new keys and
-values into its sequence's cache and keeps the views it gets back; the attention function
-registered here (attn_implementation "ragspec_packed", switched on only for the duration of a
-packed forward) then computes each block's rows against its own view with the same call and the
-same mask the single-sequence engine makes for that block (ragspec.decoding.attention), and
-concatenates the outputs. No mask function is registered under this name, so transformers
-builds no (T x T) mask for the packed rows.
-
-`packing_problem(model)` says why a model cannot be packed (None when it can): its attention
-must be plain scaled-dot-product attention reached through transformers' attention interface
-(no soft-capping, no ALiBi, no recurrent layers), and its family must be one checked by the test
-suite. Such a model is still served, one forward per sequence per step (ragspec.decoding.batch).
+Which path a forward takes depends only on its shape (and the `step_forward` override), so every
+caller of the same model object — ragspec's engine and transformers' `generate` alike — runs the
+same function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import os
+import threading
+import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from transformers import AttentionInterface
+from torch import nn
 
-from ragspec.decoding.attention import gqa_sdpa_forward
-from ragspec.decoding.cache import GrowingLayer, SlidingLayer
+# Format name -> (code the kernels use, values per block, bytes per block).
+FORMATS: dict[str, tuple[int, int, int]] = {
+    "F32": (0, 1, 4), "F16": (1, 1, 2), "BF16": (2, 1, 2),
+    "Q4_0": (3, 32, 18), "Q4_1": (4, 32, 20), "Q8_0": (5, 32, 34),
+    "Q4_K": (6, 256, 144), "Q5_K": (7, 256, 176), "Q6_K": (8, 256, 210),
+    "Q5_0": (9, 32, 22), "Q5_1": (10, 32, 24),
+}
+# Forwards over at most this many rows are steps (decode, verify); longer ones are prefills.
+STEP_ROWS = 64
+# Prefill de-quantises at most this many values of a weight at a time.
+_TILE_VALUES = 2 << 20
+PREFILL_ENV = "RAGSPEC_PREFILL_DTYPE"
 
-NAME = "ragspec_packed"
-KWARG = "ragspec_packed"  # the model's forward passes it through to the attention function
-
-# Families whose packed greedy output the test suite checks against the single-sequence engine.
-PACKABLE_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "mistral", "phi3", "olmo2", "granite",
-                               "smollm3", "gemma3_text"})
-
-
-@dataclass
-class Block:
-    """One sequence's rows in a packed forward: `tokens` at positions start..start+len-1, its
-    cache (holding exactly `start` positions), and which of its rows need logits:
-    "all" (a decode step), "last" (the last prompt chunk) or "none" (an earlier prompt chunk)."""
-
-    cache: object
-    tokens: list[int]
-    start: int
-    logits: str = "all"
-
-    def __post_init__(self) -> None:
-        if not self.tokens:
-            raise ValueError("a packed block needs at least one token")
-        if self.logits not in ("all", "last", "none"):
-            raise ValueError(f"logits must be 'all', 'last' or 'none', got {self.logits!r}")
-
-
-class PackedCache:
-    """Routes each block's rows to its sequence's cache (see the module docstring). Made for one
-    forward; not a transformers Cache (nothing in the model needs more than `update`)."""
-
-    def __init__(self, blocks: Sequence[Block]):
-        self.blocks = list(blocks)
-        self.bounds: list[tuple[int, int]] = []
-        row = 0
-        for block in self.blocks:
-            self.bounds.append((row, row + len(block.tokens)))
-            row += len(block.tokens)
-        self.rows = row
-        self.views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        # (block index, key length, window) -> mask: the same for every layer of a kind
-        self.masks: dict[tuple[int, int, int | None], torch.Tensor | None] = {}
-
-    def mask(self, i: int, kv_len: int, window: int | None, device) -> torch.Tensor | None:
-        key = (i, kv_len, window)
-        if key not in self.masks:
-            lo, hi = self.bounds[i]
-            self.masks[key] = _block_mask(self.blocks[i].start, hi - lo, kv_len, window, device)
-        return self.masks[key]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        # key_states: (1, kv_heads, T, head_dim) -> each block's slice into its own cache
-        views = []
-        for block, (lo, hi) in zip(self.blocks, self.bounds, strict=True):
-            views.append(block.cache.update(key_states[:, :, lo:hi], value_states[:, :, lo:hi],
-                                            layer_idx))
-        self.views[layer_idx] = views
-        return key_states, value_states
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        raise TypeError("a packed forward has no single sequence length: pass position_ids")
-
-
-def _block_mask(q_start: int, q_len: int, kv_len: int, window: int | None,
-                device: torch.device) -> torch.Tensor | None:
-    """The boolean mask (1, 1, q_len, kv_len) the single-sequence engine's sdpa mask gives this
-    block, or None where it gives none (one query row, or a causal block with no past; and
-    for a sliding layer only while the keys fit inside the window)."""
-    if (q_len == 1 or kv_len == q_len) and (window is None or kv_len < window):
-        return None
-    kv_first = q_start + q_len - kv_len  # the block's rows are the last keys
-    q_pos = torch.arange(q_start, q_start + q_len, device=device)[:, None]
-    kv_pos = torch.arange(kv_first, kv_first + kv_len, device=device)[None, :]
-    allowed = kv_pos <= q_pos
-    if window is not None:
-        allowed &= kv_pos > q_pos - window
-    return allowed[None, None]
-
-
-def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                     is_causal=None, **kwargs):
-    """query: (1, heads, T, head_dim) for all blocks -> (1, T, heads, head_dim); key/value (the
-    packed new rows) are not used: each block attends to its own cache's view."""
-    packed: PackedCache | None = kwargs.pop(KWARG, None)
-    if packed is None:
-        raise RuntimeError("ragspec_packed attention runs only inside packed_forward")
-    window = kwargs.get("sliding_window") or None
-    views = packed.views[module.layer_idx]
-    outs = []
-    for i, ((lo, hi), (k, v)) in enumerate(zip(packed.bounds, views, strict=True)):
-        q = query[:, :, lo:hi]
-        mask = packed.mask(i, k.shape[-2], window, query.device)
-        out, _ = gqa_sdpa_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling,
-                                  is_causal=is_causal, **kwargs)
-        outs.append(out)
-    return torch.cat(outs, dim=1), None
-
-
-_registered = False
-
-
-def register() -> str:
-    global _registered
-    if not _registered:
-        AttentionInterface.register(NAME, packed_attention)
-        _registered = True
-    return NAME
+_state = threading.local()
 
 
 @contextmanager
-def _packed_attention(model):
-    """Switch the model's attention to the packed function for one forward (the owner thread
-    is the only caller while it lasts)."""
-    config = model.config
-    before = config._attn_implementation
-    config._attn_implementation = register()
+def step_forward() -> Iterator[None]:
+    """Every packed layer takes the step path inside the block, however many rows a forward
+    has (a batched verify over many sequences is still a set of steps)."""
+    previous = getattr(_state, "step", False)
+    _state.step = True
     try:
         yield
     finally:
-        config._attn_implementation = before
+        _state.step = previous
 
 
-def packing_problem(model) -> str | None:
-    """Why `model` cannot run packed forwards (one line), or None when it can."""
-    from ragspec.decoding.attention import NAME as SDPA_NAME
-    from ragspec.decoding.cache import new_cache, rollback_problem
+@functools.lru_cache(maxsize=1)
+def prefill_dtype() -> torch.dtype:
+    """The dtype of prefill matmuls on this machine (see the module docstring)."""
+    forced = os.environ.get(PREFILL_ENV, "").strip().lower()
+    if forced in ("fp32", "bf16"):
+        return torch.bfloat16 if forced == "bf16" else torch.float32
+    a, b = torch.randn(256, 1024), torch.randn(1024, 1024)
 
-    kind = getattr(model.config, "model_type", type(model).__name__)
-    problem = rollback_problem(model)
-    if problem:
-        return problem
-    attention = getattr(model.config, "_attn_implementation", None)
-    if attention not in (SDPA_NAME, "sdpa"):
-        return f"{kind} runs {attention} attention (packing needs scaled-dot-product attention)"
-    if kind not in PACKABLE_FAMILIES:
-        return f"{kind} is not among the families checked for packed forwards"
-    if not all(isinstance(layer, (GrowingLayer, SlidingLayer)) for layer in new_cache(model).layers):
-        return f"{kind}: its cache layers cannot be routed per sequence"
-    return None
+    def best(x, y) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    fp32 = best(a, b)
+    bf16 = best(a.bfloat16(), b.bfloat16())
+    return torch.bfloat16 if 1.5 * bf16 < fp32 else torch.float32
 
 
-@torch.inference_mode()
-def packed_forward(model, blocks: Sequence[Block]) -> list[torch.Tensor | None]:
-    """One forward over all blocks; per block: logits (rows, vocab) in fp32 for "all", (1, vocab)
-    for "last", None for "none". Each block's cache grows by its rows."""
-    packed = PackedCache(blocks)
-    ids, positions, keep = [], [], []
-    for block, (lo, hi) in zip(blocks, packed.bounds, strict=True):
-        ids.extend(block.tokens)
-        positions.extend(range(block.start, block.start + len(block.tokens)))
-        if block.logits == "all":
-            keep.extend(range(lo, hi))
-        elif block.logits == "last":
-            keep.append(hi - 1)
-    device = model.device
-    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-    position_ids = torch.tensor([positions], dtype=torch.long, device=device)
-    if not keep:  # every block is a prompt chunk before its last: the head is not run at all
-        keep_rows = torch.zeros(0, dtype=torch.long, device=device)
-    else:
-        keep_rows = torch.tensor(keep, dtype=torch.long, device=device)
-    with _packed_attention(model):
-        out = model(input_ids=input_ids, position_ids=position_ids, cache=packed, use_cache=True,
-                    logits_to_keep=keep_rows, **{KWARG: packed})
-    logits = out.logits[0].float()  # (len(keep), vocab)
-    results: list[torch.Tensor | None] = []
-    at = 0
-    for block in blocks:
-        n = len(block.tokens) if block.logits == "all" else 1 if block.logits == "last" else 0
-        results.append(logits[at : at + n] if n else None)
-        at += n
-    return results
+def _is_step(rows: int) -> bool:
+    return rows <= STEP_ROWS or getattr(_state, "step", False)
+
+
+def _ops():
+    from ragspec.decoding import native
+
+    if not native.loaded():
+        raise RuntimeError("packed weights need ragspec's native kernels: load them first "
+                           "(ragspec.decoding.native.ops)")
+    return torch.ops.ragspec
+
+
+@dataclass
+class PackedWeight:
+    """N rows (output features) of K values (input features) in a GGUF format, as bytes."""
+
+    data: torch.Tensor  # (N, bytes per row) uint8, contiguous, on the CPU
+    fmt: str
+    in_features: int
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise ValueError(f"unknown packed format {self.fmt!r}; known: {', '.join(FORMATS)}")
+        _, per_block, block_bytes = FORMATS[self.fmt]
+        if self.in_features % per_block:
+            raise ValueError(f"{self.in_features} input features are not a whole number of "
+                             f"{self.fmt} blocks of {per_block}")
+        if self.data.dtype != torch.uint8 or self.data.dim() != 2:
+            raise ValueError("packed data must be a (rows, bytes) uint8 tensor")
+        expected = self.in_features // per_block * block_bytes
+        if self.data.shape[1] != expected:
+            raise ValueError(f"{self.fmt} rows of {self.in_features} values take {expected} bytes, "
+                             f"not {self.data.shape[1]}")
+        if not self.data.is_contiguous():
+            self.data = self.data.contiguous()
+
+    @property
+    def code(self) -> int:
+        return FORMATS[self.fmt][0]
+
+    @property
+    def out_features(self) -> int:
+        return int(self.data.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` de-quantised to fp32: (len(ids), K)."""
+        return _ops().dequantize_rows(self.data, self.code, self.in_features, ids)
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole matrix in fp32 (N, K): for tests and conversions, not for running."""
+        return self.rows(torch.arange(self.out_features))
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear's computation on a PackedWeight (see the module docstring for the two paths)."""
+
+    def __init__(self, weight: PackedWeight, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.packed = weight
+        self.in_features, self.out_features = weight.in_features, weight.out_features
+        self.bias = nn.Parameter(bias.float(), requires_grad=False) if bias is not None else None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The de-quantised fp32 weight (out, in), made on each access: for model code that
+        reads a linear layer's weight directly (Mamba's dt_proj), not for the forward."""
+        return self.packed.dequantize()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        w = self.packed
+        if _is_step(rows):
+            y = _ops().qmatmul(x, w.data, w.code, w.in_features)
+        else:
+            y = self._prefill(x.reshape(rows, self.in_features).float())
+            y = y.reshape(*x.shape[:-1], self.out_features)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+    def _prefill(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = prefill_dtype()
+        x = x.to(dtype)
+        step = max(1, _TILE_VALUES // self.in_features)
+        if step >= self.out_features:  # one tile: no copy into a result buffer
+            return (x @ self.packed.rows(torch.arange(self.out_features)).to(dtype).t()).float()
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        for start in range(0, self.out_features, step):
+            end = min(self.out_features, start + step)
+            tile = self.packed.rows(torch.arange(start, end)).to(dtype)
+            out[:, start:end] = x @ tile.t()
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"format={self.packed.fmt}, bias={self.bias is not None}")
+
+
+class PackedEmbedding(nn.Module):
+    """nn.Embedding's lookup on a PackedWeight; `scale` multiplies the rows as the model's
+    own embedding does (Gemma scales by √hidden)."""
+
+    def __init__(self, weight: PackedWeight, padding_idx: int | None = None,
+                 scale: torch.Tensor | float | None = None):
+        super().__init__()
+        self.packed = weight
+        self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
+        self.padding_idx = padding_idx
+        self.scale = scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.packed.rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
+        if self.scale is not None:
+            rows = rows * (self.scale.to(rows.dtype) if torch.is_tensor(self.scale) else self.scale)
+        return rows
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, format={self.packed.fmt}"
+
+
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes of packed weights in `model` (a shared weight counted once)."""
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, (PackedLinear, PackedEmbedding)):
+            seen[module.packed.data.data_ptr()] = module.packed.nbytes
+    return sum(seen.values())
+
+
+def packed_formats(model: nn.Module) -> list[str]:
+    """The packed formats `model` runs, sorted ([] for a model without packed layers)."""
+    return sorted({m.packed.fmt for m in model.modules()
+                   if isinstance(m, (PackedLinear, PackedEmbedding))})

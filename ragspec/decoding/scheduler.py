@@ -10,7 +10,8 @@ Contract:
     `max_active` generate; a request whose `cancel()` was called (a client that went away) is
     dropped before the next step, so its slot and its cache are freed within one step.
   * Each step runs `ragspec.decoding.batch.batch_step`: every active sequence's rows in one
-    forward, newcomers' prompts in chunks of at most `prefill_chunk` rows per step.
+    forward, a newcomer's prompt in a forward of its own: whole by default (one newcomer per
+    step), or in chunks of at most `prefill_chunk` rows per step.
   * A `Request` is read from any thread: iterate it for Spans (blocking), or poll `drain()`
     after the `listener` it was given is called (from the scheduler thread, after each event: an
     asyncio server wakes its coroutine with it). When it ends, `stats`, `token_ids`, `text`,
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ragspec.decoding.batch import BatchSequence, batch_step
 from ragspec.decoding.engine import Generator
-from ragspec.decoding.packed import packing_problem
+from ragspec.decoding.ragged import packing_problem
 from ragspec.decoding.types import GenerationConfig, GenerationResult, SourceRegion, Span
 
 logger = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class Scheduler:
     """See the module docstring."""
 
     def __init__(self, gen: Generator, *, max_active: int = 16, max_waiting: int = 64,
-                 prefill_chunk: int = 256, name: str = "ragspec-scheduler",
+                 prefill_chunk: int | None = None, name: str = "ragspec-scheduler",
                  idle_exit_s: float | None = None):
         """idle_exit_s: the thread ends after this long with nothing to do (and starts again
         with the next request), so nothing keeps an unused model alive; None: it stays."""
@@ -154,14 +155,14 @@ class Scheduler:
             raise ValueError(f"max_active must be >= 1, got {max_active}")
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
-        if prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (or None: each prompt whole), "
+                             f"got {prefill_chunk}")
         self.gen = gen
         self.max_active, self.max_waiting = max_active, max_waiting
         self.packing_problem = packing_problem(gen.model)
         # a model whose cache cannot be rolled back is prefilled in one piece, as the engine does
-        self.prefill_chunk = (prefill_chunk if gen.speculation_off_reason is None
-                              else 1 << 30)
+        self.prefill_chunk = prefill_chunk if gen.speculation_off_reason is None else None
         if self.packing_problem:
             logger.info("one forward per request per step: %s", self.packing_problem)
         self._waiting: collections.deque[Request] = collections.deque()
@@ -293,8 +294,10 @@ class Scheduler:
                 ended = True
             elif outcome.spans:
                 request._push(outcome.spans)
-        if ended and not self._active and not self._waiting:
-            self.gen.check_cost()  # as the engine does after a generation (may re-measure)
+        if ended:
+            self.gen.review_cost()  # as the engine does after a generation
+            if not self._active and not self._waiting:
+                self.gen.recalibrate_if_due()  # between generations, never while one runs
 
 
 _shared_lock = threading.Lock()

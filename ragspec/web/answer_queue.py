@@ -16,9 +16,12 @@ Contract:
     asked to end at its next step (`stop_requested`, and the hook set with `on_stop`, e.g. a
     GenerationStream's stop).
   * A turn that raises is logged and finished; the worker goes on with the next.
-  * `shutdown(timeout)` (registered at exit for the shared queue): every turn is stopped and the
-    worker given a moment to finish its step, so a server that is stopped mid-answer saves
-    what was written instead of dying inside a forward.
+  * `shutdown(timeout)` closes the queue: no turn starts after it (a turn submitted later is
+    cancelled at once), every waiting turn is cancelled, the running one is asked to stop, and
+    the worker thread is joined, so a server that is stopped mid-answer saves what was written
+    instead of dying inside a forward. The shared queue registers it to run as soon as the
+    interpreter starts shutting down (when the main thread ends, before atexit handlers), so
+    the worker is not left starting work in an interpreter that is being torn down.
 """
 
 from __future__ import annotations
@@ -92,10 +95,25 @@ class TurnQueue:
         self._turns: list[Turn] = []  # turns in order of submission, running and waiting
         self._cond = threading.Condition()
         self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def submit(self, turn: Turn) -> Turn:
         if turn.state != "new":
             raise ValueError("a turn can be submitted once")
+        with self._cond:
+            if self._closed:
+                turn._stop.set()
+                turn.state = "finished"
+        if turn.state == "finished":  # the server is stopping: never started, saved as stopped
+            try:
+                turn.cancelled()
+            finally:
+                turn._finished.set()
+            return turn
         with self._cond:
             turn._queue = self
             turn.state = "waiting"
@@ -119,14 +137,20 @@ class TurnQueue:
             return len(self._turns)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop every turn (waiting ones first, so none starts) and wait for the running one."""
+        """Close the queue, stop every turn (waiting ones first, so none starts) and wait for
+        the running ones and the worker threads."""
         with self._cond:
+            self._closed = True
             turns = list(self._turns)
+            self._cond.notify_all()
         for turn in reversed(turns):
             turn.stop()
         deadline = time.monotonic() + timeout
         for turn in turns:
             turn.wait(max(0.0, deadline - time.monotonic()))
+        for worker in list(self._threads):
+            if worker is not threading.current_thread():
+                worker.join(max(0.0, deadline - time.monotonic()))
 
     def _drop_waiting(self, turn: Turn) -> bool:
         with self._cond:
@@ -142,10 +166,12 @@ class TurnQueue:
             turn._finished.set()
         return True
 
-    def _next(self) -> Turn:
+    def _next(self) -> Turn | None:
         with self._cond:
-            while not any(t.state == "waiting" for t in self._turns):
+            while not any(t.state == "waiting" for t in self._turns) and not self._closed:
                 self._cond.wait()
+            if self._closed:
+                return None  # shutting down: start nothing new
             turn = next(t for t in self._turns if t.state == "waiting")
             turn.state = "running"
             return turn
@@ -153,6 +179,8 @@ class TurnQueue:
     def _work(self) -> None:
         while True:
             turn = self._next()
+            if turn is None:
+                return
             try:
                 turn.run()
             except Exception:  # one failed turn must not stop the worker every session shares
@@ -179,5 +207,19 @@ def shared_queue() -> TurnQueue:
     with _shared_lock:
         if _shared is None:
             _shared = TurnQueue(workers=max(1, int(os.environ.get(BATCH_ENV) or 8)))
-            atexit.register(_shared.shutdown)
+            _at_shutdown(_shared.shutdown)
         return _shared
+
+
+def _at_shutdown(func) -> None:
+    # threading's own exit hook runs when the main thread ends, before non-daemon threads are
+    # joined and before atexit handlers (concurrent.futures uses it for the same reason); after
+    # that point libraries may no longer register exit hooks, so a turn still starting work
+    # would fail. Older or other Pythons without it fall back to atexit.
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError
+        register(func)
+    except RuntimeError:
+        atexit.register(func)
