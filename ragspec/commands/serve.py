@@ -71,8 +71,8 @@ def _check_port(host: str, port: int) -> None:
               help="Largest request body accepted (413 beyond).")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-def serve(host, port, indexes, model_spec, device, exact, model_id, k, search_mode, min_score,
-          max_tokens, max_active, max_waiting, prefill_chunk, max_body_kb, log_level):
+def serve(host, port, indexes, model_spec, device, exact, weights, model_id, k, search_mode,
+          min_score, max_tokens, max_active, max_waiting, prefill_chunk, max_body_kb, log_level):
     """Serve the model over an OpenAI-compatible HTTP API.
 
     Endpoints: GET /v1/models, POST /v1/chat/completions, /v1/completions (streamed or not)
@@ -98,7 +98,7 @@ def serve(host, port, indexes, model_spec, device, exact, model_id, k, search_mo
         if store.passage_count() == 0:
             click.echo(f"note: the index for {model} ({printable(str(store.index_dir))}) is "
                        f"empty; add documents with `ragspec ingest`", err=True)
-    loaded, gen = generator_from_options(model_spec, device, exact)
+    loaded, gen = generator_from_options(model_spec, device, exact, weights=weights)
     embedder = next(iter(stores.values())).embedder
     try:
         pipeline_config = PipelineConfig(k=k, max_new_tokens=max_tokens, search=search_mode,
