@@ -7,8 +7,9 @@ Playwright (pointed at Debian's /usr/bin/chromium).
   * files named like Markdown links and images, HTML and `javascript:` URLs show as text: no
     link, image, script, dialog or request to their hosts appears, tooltips hold no server
     path; a file over RAGSPEC_MAX_FILE_MB is refused by Streamlit itself;
-  * two users: the second sees "Waiting for 1 answer ahead" while the first answer is written;
-    the first user's Stop ends it and keeps what was written; then the second answer arrives.
+  * two users of a chat that writes one answer at a time (RAGSPEC_UI_BATCH=1): the second sees
+    "Waiting for 1 answer ahead" while the first answer is written; the first user's Stop ends
+    it and keeps what was written; then the second answer arrives.
 
 Needs: `apt-get install chromium` and `pip install playwright` (no Playwright browser download).
 """
@@ -218,7 +219,9 @@ def test_browser_two_users_queue_and_stop(chromium, tmp_path):
     folder = slow_model_folder(tmp_path / "slow-model")
     doc = tmp_path / "larkspur metrics.md"
     doc.write_text(DOC)
-    with serving(tmp_path, (f"slow={folder}",), RAGSPEC_MODEL_CACHE=str(tmp_path / "cache")) as url:
+    # one answer at a time, so that the second user waits (answers are batched otherwise)
+    with serving(tmp_path, (f"slow={folder}",), RAGSPEC_MODEL_CACHE=str(tmp_path / "cache"),
+                 RAGSPEC_UI_BATCH="1") as url:
         first, second = open_page(chromium, url), open_page(chromium, url)
         first.locator(f'{SIDEBAR} input[type="file"]').set_input_files(doc)
         first.get_by_text("larkspur metrics.md: added").wait_for()

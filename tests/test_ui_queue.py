@@ -109,17 +109,23 @@ def test_a_failing_turn_does_not_stop_the_worker():
 
 # -- the page, two sessions -------------------------------------------------------------------
 
-@pytest.fixture
-def two_users(tmp_path, monkeypatch):
-    from ragspec.decoding import engine
-
-    forward = engine.forward
-
+def slowed(forward):
     def slow_forward(*args, **kwargs):
         time.sleep(0.01)
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "forward", slow_forward)
+    return slow_forward
+
+
+@pytest.fixture
+def two_users(tmp_path, monkeypatch):
+    from ragspec.decoding import batch, engine
+    from ragspec.web import answer_queue
+
+    monkeypatch.setattr(engine, "forward", slowed(engine.forward))
+    monkeypatch.setattr(batch, "packed_forward", slowed(batch.packed_forward))
+    # waiting for a turn: one answer at a time here (tests/test_ui_batched.py: several)
+    monkeypatch.setattr(answer_queue, "_shared", TurnQueue("test", workers=1))
     a = tiny_page(tmp_path, monkeypatch)
     b = new_session()
     for at in (a, b):

@@ -82,13 +82,27 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
 
     pipeline = pipeline_for(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens,
                                                        search=search_mode, min_score=min_score))
+    remote = getattr(gen, "remote", False)
+    if not remote:
+        from ragspec.decoding.scheduler import scheduler_for
+
+        # the same scheduler the chat and `ragspec serve` generate through; one answer at a
+        # time here (--compare's two runs must not share steps), each prompt read in one piece
+        scheduler = scheduler_for(gen, max_active=1)
     try:
         prepared = pipeline.prepare_retrieved(retrieval)
         streams = []
+        runs = [("speculation on" if compare else "", config)]
         if compare:
-            off = replace(config, draft=replace(config.draft, enabled=False))
-            streams.append(("speculation off", pipeline.stream(prepared, off)))
-        streams.append(("speculation on" if compare else "", pipeline.stream(prepared, config)))
+            runs.insert(0, ("speculation off",
+                            replace(config, draft=replace(config.draft, enabled=False))))
+        for label, run_config in runs:
+            if remote:
+                streams.append((label, pipeline.stream(prepared, run_config)))
+                continue
+            gen.stream(prepared.prompt_ids, run_config)  # refuses what the engine refuses, now
+            streams.append((label, scheduler.submit(prepared.prompt_ids, run_config,
+                                                    sources=prepared.sources)))
     except (RetrievalError, ValueError) as exc:  # a missing embedder, a question too long...
         raise click.ClickException(str(exc)) from exc
     from ragspec.remote import RemoteGeneratorError
@@ -98,6 +112,8 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
                config.sampling.greedy)
     except RemoteGeneratorError as exc:
         raise click.ClickException(printable(str(exc))) from exc
+    except RuntimeError as exc:  # a generation that failed in the scheduler
+        raise click.ClickException(str(exc)) from exc
 
 
 def _print(question, prepared, streams, model_name, retrieval, as_json, greedy) -> None:

@@ -1,12 +1,16 @@
-"""One answer at a time on the shared model: a first-come, first-served queue of turns.
+"""Answers on the shared model: a first-come, first-served queue of turns, `workers` at a time.
 
 Contract:
-  * `TurnQueue.submit(turn)` puts a turn at the back; one worker thread per queue runs the
-    turns in order, one at a time (`Turn.run`). The worker, not the browser session, runs the
-    answer: a page that reruns, reloads or closes does not end it, and the queue slot is
-    released in `finally` however the turn ends.
-  * `ahead(turn)`: how many turns will run before it (the running one included); 0 once it
-    runs. Sessions poll it to show "waiting for 2 answers ahead".
+  * `TurnQueue.submit(turn)` puts a turn at the back; `workers` threads per queue run the
+    turns in order, at most `workers` at once (`Turn.run`). The workers, not the browser
+    session, run the answer: a page that reruns, reloads or closes does not end it, and the
+    queue slot is released in `finally` however the turn ends. The chat's shared queue runs as
+    many turns as the model's scheduler generates together (ragspec.decoding.scheduler): their
+    steps are batched into one forward, so two users are answered together, not one after the
+    other.
+  * `ahead(turn)`: how many turns must end before it runs (with one worker: the running one
+    and those before it in the queue); 0 once it runs. Sessions poll it to show "waiting for 2
+    answers ahead".
   * `turn.stop()` from any thread: a waiting turn leaves the queue at once (its `cancelled`
     hook runs in the caller's thread, and the turns behind it move up); a running turn is
     asked to end at its next step (`stop_requested`, and the hook set with `on_stop`, e.g. a
@@ -24,8 +28,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import secrets
 import threading
+import time
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +88,13 @@ class Turn:
 class TurnQueue:
     """See the module docstring."""
 
-    def __init__(self, name: str = "ragspec-answers") -> None:
-        self.name = name
-        self._turns: list[Turn] = []  # waiting turns in order, the running one first
+    def __init__(self, name: str = "ragspec-answers", workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.name, self.workers = name, workers
+        self._turns: list[Turn] = []  # turns in order of submission, running and waiting
         self._cond = threading.Condition()
-        self._worker: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._closed = False
 
     @property
@@ -110,18 +118,19 @@ class TurnQueue:
             turn._queue = self
             turn.state = "waiting"
             self._turns.append(turn)
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._work, name=self.name, daemon=True)
-                self._worker.start()
+            self._threads = [t for t in self._threads if t.is_alive()]
+            while len(self._threads) < self.workers:
+                self._threads.append(threading.Thread(target=self._work, name=self.name,
+                                                      daemon=True))
+                self._threads[-1].start()
             self._cond.notify_all()
         return turn
 
     def ahead(self, turn: Turn) -> int:
         with self._cond:
-            try:
-                return self._turns.index(turn)
-            except ValueError:
+            if turn.state != "waiting" or turn not in self._turns:
                 return 0
+            return max(1, self._turns.index(turn) - self.workers + 1)
 
     def __len__(self) -> int:
         with self._cond:
@@ -129,18 +138,19 @@ class TurnQueue:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Close the queue, stop every turn (waiting ones first, so none starts) and wait for
-        the running one and the worker thread."""
+        the running ones and the worker threads."""
         with self._cond:
             self._closed = True
             turns = list(self._turns)
             self._cond.notify_all()
         for turn in reversed(turns):
             turn.stop()
-        if turns:
-            turns[0].wait(timeout)
-        worker = self._worker
-        if worker is not None and worker is not threading.current_thread():
-            worker.join(timeout)
+        deadline = time.monotonic() + timeout
+        for turn in turns:
+            turn.wait(max(0.0, deadline - time.monotonic()))
+        for worker in list(self._threads):
+            if worker is not threading.current_thread():
+                worker.join(max(0.0, deadline - time.monotonic()))
 
     def _drop_waiting(self, turn: Turn) -> bool:
         with self._cond:
@@ -158,11 +168,11 @@ class TurnQueue:
 
     def _next(self) -> Turn | None:
         with self._cond:
-            while not self._turns and not self._closed:
+            while not any(t.state == "waiting" for t in self._turns) and not self._closed:
                 self._cond.wait()
-            if self._closed and (not self._turns or self._turns[0].state == "waiting"):
+            if self._closed:
                 return None  # shutting down: start nothing new
-            turn = self._turns[0]
+            turn = next(t for t in self._turns if t.state == "waiting")
             turn.state = "running"
             return turn
 
@@ -187,12 +197,16 @@ _shared: TurnQueue | None = None
 _shared_lock = threading.Lock()
 
 
+BATCH_ENV = "RAGSPEC_UI_BATCH"  # answers generated together in the chat (default 8)
+
+
 def shared_queue() -> TurnQueue:
-    """The process's queue for the shared model (every browser session of `ragspec ui`)."""
+    """The process's queue for the shared model (every browser session of `ragspec ui`): as
+    many turns at once as RAGSPEC_UI_BATCH (default 8); their steps are batched."""
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = TurnQueue()
+            _shared = TurnQueue(workers=max(1, int(os.environ.get(BATCH_ENV) or 8)))
             _at_shutdown(_shared.shutdown)
         return _shared
 

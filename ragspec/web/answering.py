@@ -6,7 +6,8 @@ Contract:
     ends there, "refused", with the closest passages and no model loaded or called; otherwise
     it loads the named model (through ModelRegistry: offered names only), builds the prompt
     (ragspec.pipeline), then streams every run (one, or speculation off and on side by side: one
-    turn either way).
+    turn either way) through the model's shared scheduler (ragspec.decoding.scheduler), so
+    answers of several users are generated together.
   * Its assistant message in the chat file (ragspec.web.chats) follows it: status "waiting" when
     submitted, then "generating", and finally "done", "stopped" (Stop pressed, or the server
     shutting down: what was written is kept, the stats say stop_reason "stopped") or
@@ -34,6 +35,7 @@ from dataclasses import dataclass, replace
 
 from ragspec.accounts import policy
 from ragspec.decoding.model import ModelNotFound
+from ragspec.decoding.scheduler import scheduler_for
 from ragspec.decoding.types import DraftConfig, GenerationConfig, SamplingConfig
 from ragspec.pipeline import PipelineConfig, pipeline_for
 from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS, retrieve
@@ -186,7 +188,11 @@ class AnswerJob(Turn):
             recalibrate()
 
     def _stream(self, pipeline, prepared, label: str, config: GenerationConfig) -> None:
-        stream = pipeline.stream(prepared, config)
+        if getattr(pipeline.generator, "remote", False):  # a server generates (ragspec.remote)
+            stream = pipeline.stream(prepared, config)
+        else:  # through the model's shared scheduler: answers running at once are batched
+            stream = scheduler_for(pipeline.generator).submit(prepared.prompt_ids, config,
+                                                              sources=prepared.sources)
         run = {"label": label, "spans": [], "stats": None}
         with self._lock:
             self.runs.append(run)
@@ -200,6 +206,9 @@ class AnswerJob(Turn):
         finally:
             self.on_stop(None)
             run["stats"] = stream.stats
+        error = getattr(stream, "error", None)
+        if error is not None and stream.error_kind != "cancelled":
+            raise (ValueError if stream.error_kind == "invalid" else RuntimeError)(error)
         with self._lock:  # a server may report its spans at the end (ragspec.remote)
             run["spans"] = list(stream.spans)
 

@@ -1,0 +1,220 @@
+"""One speculative step for many sequences: plan each one's rows, run them in one forward, accept
+per sequence.
+
+Contract: a `BatchSequence` is one request's whole generation state — the single-sequence
+engine's GenerationStream (n-gram index, sampling stream, span text, stats; built by
+`Generator.stream`, so a request is validated exactly as `ragspec generate` validates it), its
+own KV cache and its own draft policy. `batch_step(gen, sequences, prefill_chunk)` advances every
+sequence by one step in ONE forward (ragspec.decoding.ragged) and returns what each produced:
+
+    prefilling   its prompt, in a forward of its own: whole (the default: one newcomer per
+                 step, oldest first, computed as the engine's prefill is) or in chunks of at
+                 most `prefill_chunk` rows per step (running answers pause less, but a chunked
+                 prompt may round differently from a whole one); the last piece also yields
+                 the first token;
+    decoding     [last token, draft...]: propose (n-gram index) ► decide (its policy, costing the
+                 draft as the step's extra rows) ► verify (the shared forward) ► accept (greedy or
+                 the point-mass rule) ► crop its own cache.
+
+Greedy output equals the sequence run alone with the engine up to the kernels' rounding of a
+row computed among T rows against the same row among fewer (batch-invariant kernels make it
+exact). A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
+plan with one forward per sequence: still interleaved, not queued.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ragspec.decoding.cache import new_cache
+from ragspec.decoding.engine import GenerationStream, Generator, Step, forward
+from ragspec.decoding.packed import step_forward
+from ragspec.decoding.policy import DraftPolicy, ForwardCost
+from ragspec.decoding.ragged import Block, packed_forward
+from ragspec.decoding.sampling import next_token
+from ragspec.decoding.types import GenerationConfig, SourceRegion, Span
+
+
+class ShiftedCost:
+    """A forward-cost curve seen by one sequence in a shared step: c'(n) = c(others + n), where
+    `others` is the rows the rest of the step already has. Its draft then pays only for the
+    time it adds to the step."""
+
+    def __init__(self, base: ForwardCost, others: int = 0):
+        self.base, self.others = base, others
+
+    def __call__(self, n: int, context: int | None = None) -> float:
+        return self.base(self.others + n, context)
+
+
+@dataclass
+class Outcome:
+    """What one step produced for one sequence: spans ready to stream; done when finished."""
+
+    spans: list[Span] = field(default_factory=list)
+    done: bool = False
+
+
+class BatchSequence:
+    """One request's generation state in the batch (see the module docstring)."""
+
+    def __init__(self, gen: Generator, prompt_ids: Sequence[int], config: GenerationConfig,
+                 sources: Sequence[SourceRegion] = ()):
+        self.stream: GenerationStream = gen.stream(prompt_ids, config, sources=sources)
+        self.stream._cache = new_cache(gen.model)
+        shared = self._shared = self.stream._policy
+        if shared is not None:  # its own policy, starting from what the generator learned
+            own = DraftPolicy(shared.config, gen.cost or ForwardCost.flat(shared.config.max_draft + 1))
+            own.acceptance = copy.deepcopy(shared.acceptance)
+            self._start = copy.deepcopy(shared.acceptance)
+            self.stream._policy = own
+            self._cost = own.cost
+        self.prompt = self.stream.prompt_ids
+        self.prefilled = 0  # prompt positions already in the cache
+        self.started: float | None = None  # when its first prompt chunk ran
+        self.first_token_at: float | None = None
+        self._plan: tuple | None = None  # this step's (kind, match, draft)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt)
+
+    @property
+    def cache(self):
+        return self.stream._cache
+
+    @property
+    def stats(self):
+        return self.stream.stats
+
+    def stop(self) -> None:
+        self.stream.stop()
+
+    def teach(self) -> None:
+        """Add what this sequence's drafts taught its policy to the generator's (called once,
+        when it ends), so later requests start from it as the engine's later calls do."""
+        own, shared = self.stream._policy, self._shared
+        if own is None or shared is None:
+            return
+        for mine, start, total in ((own.acceptance.accepted, self._start.accepted,
+                                    shared.acceptance.accepted),
+                                   (own.acceptance.rejected, self._start.rejected,
+                                    shared.acceptance.rejected)):
+            for b, row in enumerate(mine):
+                for i, value in enumerate(row):
+                    total[b][i] += value - start[b][i]
+        self._shared = None
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def plan_prefill(self, budget: int) -> Block:
+        """The next prompt chunk of at most `budget` rows."""
+        if self.started is None:
+            self.started = time.perf_counter()
+        end = min(len(self.prompt), self.prefilled + budget)
+        self._plan = ("prefill", end, None)
+        return Block(self.cache, self.prompt[self.prefilled:end], self.prefilled,
+                     "last" if end == len(self.prompt) else "none")
+
+    def plan_decode(self, others: int) -> Block:
+        """[last token, draft...] with the draft sized for a step that has `others` other rows."""
+        stream = self.stream
+        if stream._policy is not None:
+            stream._policy.cost = ShiftedCost(self._cost, others)
+        match, draft = stream._propose()
+        self._plan = ("decode", match, draft)
+        index = stream._index
+        return Block(self.cache, [index.tokens[-1], *draft], len(index) - 1, "all")
+
+    def take(self, logits: torch.Tensor | None) -> Outcome:
+        """Apply this step's logits (None for a prompt chunk before the last)."""
+        kind, a, b = self._plan
+        self._plan = None
+        stream = self.stream
+        if kind == "prefill":
+            self.prefilled = a
+            if self.prefilling:
+                return Outcome()
+            step = Step([next_token(logits[-1], stream.config.sampling, stream._rng)])
+            self.first_token_at = time.perf_counter()
+            stream.stats.prefill_seconds = stream.stats.ttft_seconds = (
+                self.first_token_at - self.started)
+        else:
+            step = stream._accept(logits, a, b)
+        spans, done = stream._commit(step)
+        if not done and stream._stop_requested:
+            spans, done = [*spans, *stream._stopped()], True
+        if self.first_token_at is not None:
+            stream.stats.decode_seconds = time.perf_counter() - self.first_token_at
+        return Outcome(spans, done)
+
+
+def plan_step(sequences: Sequence[BatchSequence], prefill_chunk: int | None
+              ) -> tuple[list[tuple[BatchSequence, Block]], list[tuple[BatchSequence, Block]]]:
+    """(prompt pieces, decode rows) for one step. Prompt pieces, oldest newcomer first: with
+    prefill_chunk None, the oldest newcomer's whole prompt (one per step); else at most
+    prefill_chunk prompt rows in all. Then every decoding sequence's rows."""
+    prefills: list[tuple[BatchSequence, Block]] = []
+    prefilling = [s for s in sequences if s.prefilling]
+    if prefill_chunk is None:
+        if prefilling:
+            prefills.append((prefilling[0], prefilling[0].plan_prefill(1 << 62)))
+    else:
+        budget = prefill_chunk
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            block = seq.plan_prefill(budget)
+            budget -= len(block.tokens)
+            prefills.append((seq, block))
+    decoding = [s for s in sequences if not s.prefilling]
+    decodes: list[tuple[BatchSequence, Block]] = []
+    rows = len(decoding)
+    for seq in decoding:
+        block = seq.plan_decode(rows - 1)  # the others: every row planned but its own
+        rows += len(block.tokens) - 1
+        decodes.append((seq, block))
+    return prefills, decodes
+
+
+def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
+               prefill_chunk: int | None = None, *, packed: bool = True
+               ) -> dict[BatchSequence, Outcome]:
+    """Advance every sequence by one step (see the module docstring). packed=False runs one
+    forward per sequence (for models that cannot be packed).
+
+    Each prompt piece is a forward of its own, as the engine's prefill is (a prefill-sized
+    forward takes the weights' prefill path, ragspec.decoding.packed); all decode rows go in
+    one forward inside `step_forward()`, so the weights' row-invariant step kernels compute
+    every row as a step of its own sequence would."""
+    prefills, decodes = plan_step(sequences, prefill_chunk)
+    outcomes: dict[BatchSequence, Outcome] = {}
+    for seq, block in prefills:
+        rows = packed_forward(gen.model, [block])[0] if packed else _alone(gen.model, block)
+        outcomes[seq] = seq.take(rows)
+    if not decodes:
+        return outcomes
+    clock = time.perf_counter()
+    with step_forward():
+        if packed:
+            logits = packed_forward(gen.model, [block for _, block in decodes])
+        else:
+            logits = [_alone(gen.model, block) for _, block in decodes]
+    outcomes.update((seq, seq.take(rows)) for (seq, _), rows in zip(decodes, logits, strict=True))
+    if len(decodes) == 1 and not prefills and decodes[0][0].stream._policy:
+        # a lone decode step is what the cost curve measures: let the engine's watch see it
+        block = decodes[0][1]
+        gen.watch.observe(len(block.tokens), time.perf_counter() - clock, block.start)
+    return outcomes
+
+
+def _alone(model, block: Block) -> torch.Tensor | None:
+    """One block as its own forward, with its own cache (the unpacked path)."""
+    keep = {"all": 0, "last": 1, "none": 1}[block.logits]
+    logits = forward(model, block.tokens, block.cache, logits_to_keep=keep)
+    return None if block.logits == "none" else logits
