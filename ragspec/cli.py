@@ -19,7 +19,8 @@ def main() -> None:
 
 
 # Modules under ragspec/commands whose COMMANDS lists make up the CLI.
-COMMAND_MODULES = ("generate", "index", "bench", "calibrate", "ask", "ui", "chats", "pull")
+COMMAND_MODULES = ("generate", "index", "bench", "calibrate", "ask", "ui", "chats", "pull",
+                   "eval")
 
 
 def _register() -> None:

@@ -22,6 +22,26 @@ def passage_label(index: int, passage) -> str:
     return f"[{index + 1}] {source_label(passage)}"
 
 
+# Where an accepted draft was copied from, as every front end names it: only "passage" copies
+# are sources; the answer's own earlier text and the rest of the prompt (the question, the
+# instruction, passage headers) are not.
+PASSAGE, ANSWER, PROMPT = "passage", "answer", "prompt"
+
+
+def draft_source(span) -> str | None:
+    """PASSAGE, ANSWER (the answer's own earlier text) or PROMPT (other prompt text) for a
+    drafted span; None for the model's own tokens. A draft of unknown origin (a benchmark's
+    forced draft) counts as PROMPT: not a source."""
+    if not span.drafted:
+        return None
+    o = getattr(span, "origin", None)
+    if o is None:
+        return PROMPT
+    if not o.in_prompt:
+        return ANSWER
+    return PASSAGE if o.source is not None else PROMPT
+
+
 def copied_ranges(spans: Iterable) -> dict[int, list[tuple[int, int]]]:
     """Passage index -> sorted, merged character ranges that drafted spans copied from it."""
     ranges: dict[int, list[tuple[int, int]]] = {}

@@ -58,17 +58,24 @@ class BenchInputError(ValueError):
 
 @dataclass(frozen=True)
 class Question:
+    """answers: the verbatim snippets that hold the answer (empty when the file gives none).
+    unanswerable: the documents do not hold the answer."""
+
     id: str
     question: str
     kind: str = "copy"
+    answers: tuple[str, ...] = ()
+    unanswerable: bool = False
 
 
-def load_questions(path: str | Path, limit: int | None = None) -> list[Question]:
-    """Questions from a JSONL file: one {"id", "question", "kind"} object per line.
+def load_questions(path: str | Path, limit: int | None = None, *,
+                   unanswerable: bool = False) -> list[Question]:
+    """Questions from a JSONL file: one {"id", "question", "kind", "answer"} object per line.
 
-    kind is "copy" (the answer should quote the documents) or "open"; missing means "copy";
-    questions marked "unanswerable" (the retrieval measurement's) are skipped.
-    A missing id becomes the line number. Blank lines are skipped.
+    kind is "copy" (the answer should quote the documents) or "open"; missing means "copy".
+    answer: a snippet or a list of snippets that hold the answer (optional). Questions marked
+    "unanswerable" are skipped unless `unanswerable` is True (the quality evaluation asks them
+    to see them refused). A missing id becomes the line number. Blank lines are skipped.
     """
     path = Path(path)
     try:
@@ -91,8 +98,8 @@ def load_questions(path: str | Path, limit: int | None = None) -> list[Question]
         text = obj.get("question")
         if not isinstance(text, str) or not text.strip():
             raise BenchInputError(f"{where}: \"question\" must be a non-empty string")
-        if obj.get("unanswerable"):
-            continue  # for the retrieval measurement: the documents do not hold the answer
+        if obj.get("unanswerable") and not unanswerable:
+            continue  # the documents do not hold the answer: nothing to time
         kind = obj.get("kind") or "copy"
         if kind not in KINDS:
             raise BenchInputError(f"{where}: \"kind\" must be \"copy\" or \"open\", got {kind!r}")
@@ -100,7 +107,12 @@ def load_questions(path: str | Path, limit: int | None = None) -> list[Question]
         if qid in seen:
             raise BenchInputError(f"{where}: duplicate id {qid!r}")
         seen.add(qid)
-        questions.append(Question(qid, text.strip(), kind))
+        answers = obj.get("answer") or []
+        answers = [answers] if isinstance(answers, str) else answers
+        if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+            raise BenchInputError(f"{where}: \"answer\" must be a string or a list of strings")
+        questions.append(Question(qid, text.strip(), kind, tuple(a for a in answers if a.strip()),
+                                  bool(obj.get("unanswerable"))))
     if not questions:
         raise BenchInputError(f"{path} holds no questions: write one JSON object per line")
     return questions[:limit] if limit else questions
@@ -363,7 +375,6 @@ def build_setup(model: str | None, corpus: str, index: str | None,
     came from a GGUF file). Raises ragspec.decoding.model.ModelNotFound and retrieval's RetrievalError;
     a corpus file or a question that fails is listed in Setup.failures and the rest go on."""
     from ragspec.loading import describe_device, load_generator, open_store
-    from ragspec.retrieval.ingest import ingest_paths
 
     loaded, generator = load_generator(model)
     # llama.cpp's prompt-lookup context keeps float32 logits for every position it may hold
@@ -372,13 +383,21 @@ def build_setup(model: str | None, corpus: str, index: str | None,
     with tempfile.TemporaryDirectory(prefix="ragspec-bench-") as scratch:
         store = open_store(index or scratch)
         log(f"Ingesting {corpus} ...")
-        report = ingest_paths([corpus], store)
-        failures = [f"corpus file {path}: {why}" for path, why in report.failed]
-        if store.passage_count() == 0:
-            raise BenchInputError(f"no passages could be made from {corpus}: nothing to "
-                                  "retrieve (give a folder of .md/.txt/.pdf/.html/.docx)")
+        failures = ingest_corpus(store, corpus)
         prepared = prepare_prompts(generator, store, questions, max_new_tokens, failures)
     return Setup(loaded.name, describe_device(loaded), generator, prepared, failures, anchors)
+
+
+def ingest_corpus(store, corpus: str) -> list[str]:
+    """Ingest the folder `corpus` into `store`; the files that failed, each with its reason.
+    Raises BenchInputError when no passage could be made at all."""
+    from ragspec.retrieval.ingest import ingest_paths
+
+    report = ingest_paths([corpus], store)
+    if store.passage_count() == 0:
+        raise BenchInputError(f"no passages could be made from {corpus}: nothing to "
+                              "retrieve (give a folder of .md/.txt/.pdf/.html/.docx)")
+    return [f"corpus file {path}: {why}" for path, why in report.failed]
 
 
 def _open_anchors(model: str | None, wanted: bool | None, n_ctx: int, log):

@@ -1,0 +1,33 @@
+"""The instructions ragspec gives the model, by name: the default and the alternatives
+`ragspec eval --prompt NAME` compares.
+
+Contract: plain strings. A Prompt is the system message and an optional line put after the
+question in the user turn (a 135M model heeds what comes last more than the system message).
+The default was chosen with `ragspec eval` on data/realdocs/dev and reported on
+data/realdocs/heldout (README, "Answer quality").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Prompt:
+    system: str
+    after_question: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.system.strip():
+            raise ValueError("a prompt's system message must not be empty")
+
+
+QUOTE = ("You answer questions using only the numbered passages the user gives you. "
+         "Copy the relevant sentences from the passages word for word, and cite them like [1]. "
+         "If the passages do not contain the answer, say that you do not know.")
+
+PROMPTS: dict[str, Prompt] = {
+    # ragspec's instruction before the quality evaluation existed
+    "quote": Prompt(QUOTE),
+}
+DEFAULT_PROMPT = "quote"
