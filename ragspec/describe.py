@@ -64,6 +64,20 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
+# What the user is told about how an answer ended (GenerationStats.stop_reason); the reasons
+# not listed need no note here: an end-of-text token or a stop string ends an answer normally,
+# and front ends say "stopped" (a Stop button) their own way.
+STOP_NOTES = {
+    "repetition": "The answer ends here because it started repeating itself (ragspec stops an "
+                  "answer that writes the same run of words twice).",
+    "max_new_tokens": "The answer reached its length limit and may be cut short.",
+}
+
+
+def stop_note(stop_reason: str) -> str | None:
+    return STOP_NOTES.get(stop_reason)
+
+
 def identical_verdict(baseline_ids: Sequence[int], spec_ids: Sequence[int],
                       greedy: bool) -> tuple[bool | None, str]:
     """(identical?, message) comparing the speculation-off and -on answers."""

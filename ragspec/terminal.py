@@ -27,14 +27,25 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     return (_CONTROL if keep_newlines else _CONTROL_AND_NEWLINE).sub(_escape, text)
 
 
+# Accepted drafts copied from a passage are highlighted; those repeating the answer's own text
+# or the question are underlined: they are not sources (ragspec.describe.draft_source).
+DRAFT_STYLES = {"passage": "black on green", "answer": "underline", "prompt": "underline"}
+LEGEND = ("[black on green]highlighted[/] = accepted draft copied from a passage · "
+          "[underline]underlined[/] = accepted draft repeating the answer's own text or the "
+          "question (not a source)")
+
+
 def render_spans(spans, console) -> None:
-    """Print spans with accepted drafts highlighted (black on green)."""
+    """Print spans with accepted drafts marked by where they were copied from (DRAFT_STYLES)."""
     from rich.text import Text
+
+    from ragspec.describe import draft_source
 
     text = Text()
     for span in spans:
+        source = draft_source(span)
         text.append(printable(span.text, keep_newlines=True),
-                    style="black on green" if span.drafted else "")
+                    style=DRAFT_STYLES[source] if source else "")
     console.print(text, end="")
 
 

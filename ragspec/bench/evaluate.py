@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ragspec.bench import quality
-from ragspec.bench.runner import Question
+from ragspec.bench.questions import Question
 from ragspec.decoding.types import DraftConfig, GenerationConfig, RepeatConfig
 from ragspec.describe import ANSWER, PASSAGE, draft_source
 from ragspec.prompts import DEFAULT_PROMPT, PROMPTS

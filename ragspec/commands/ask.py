@@ -144,8 +144,9 @@ def _print_text(prepared, streams, greedy: bool) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    from ragspec.describe import identical_verdict, passage_label, seconds_speedup
+    from ragspec.describe import identical_verdict, passage_label, seconds_speedup, stop_note
     from ragspec.pipeline import passages_to_dicts
+    from ragspec.terminal import LEGEND
 
     console = Console(highlight=False, soft_wrap=True)
     results = []
@@ -157,13 +158,15 @@ def _print_text(prepared, streams, greedy: bool) -> None:
         console.print()
         results.append(stream.result())
         console.print(f"[dim]{stats_line(results[-1].stats)}[/]")
+        note = stop_note(results[-1].stats.stop_reason)
+        if note:
+            console.print(f"[bold]{escape(note)}[/]")
     if len(results) > 1:
         base, spec = results
         _, verdict = identical_verdict(base.token_ids, spec.token_ids, greedy)
         console.print(f"speedup {seconds_speedup(base.stats.seconds, spec.stats.seconds):.2f}× · "
                       f"{verdict}")
-    console.print("[dim][black on green]highlighted[/] = accepted drafts copied from the "
-                  "passages[/]")
+    console.print(f"[dim]{LEGEND}[/]")
     console.print("[bold]Passages[/]")
     for i, p in enumerate(passages_to_dicts(prepared, results[-1].spans)):
         copied = sum(e - s for s, e in p["copied"])

@@ -100,7 +100,7 @@ def eval_command(corpus, questions_file, models, prompts, ks, lengths, stops, pe
       ragspec eval --corpus docs/ --questions q.jsonl -k 2,4 --max-new-tokens 96,256
     """
     from ragspec.bench import evaluate as ev
-    from ragspec.bench.runner import BenchInputError, load_questions
+    from ragspec.bench.questions import BenchInputError, load_questions
     from ragspec.pipeline import PipelineConfig
     from ragspec.prompts import DEFAULT_PROMPT
 
@@ -139,7 +139,7 @@ def eval_command(corpus, questions_file, models, prompts, ks, lengths, stops, pe
 @contextlib.contextmanager
 def _store(index: str | None, corpus: str):
     """(store, failed corpus files) with `corpus` ingested into `index` or a temporary index."""
-    from ragspec.bench.runner import ingest_corpus
+    from ragspec.bench.setup import ingest_corpus
     from ragspec.commands.common import open_store
 
     with tempfile.TemporaryDirectory(prefix="ragspec-eval-") as scratch:

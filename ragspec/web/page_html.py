@@ -13,9 +13,12 @@ makes the text inert both as HTML (`<`, `>`, `&`, quotes) and as the Markdown St
     GitHub-flavoured Markdown turns URL- and e-mail-like text into links after decoding the
     character references.
 
-Drafted spans are <mark class="rs-draft"> with a `title` (shown on hover) naming the passage and
-character range they were copied from; passages are rendered with their copied ranges marked the
-same way.
+Accepted drafts copied from a passage are <mark class="rs-draft"> (highlighted) with a `title`
+(shown on hover) naming the passage and character range they were copied from; passages are
+rendered with their copied ranges marked the same way. Accepted drafts copied from the answer's
+own earlier text or from other prompt text (the question, the instruction) are not sources: they
+are <mark class="rs-echo"> (a dotted underline, no highlight) and their title says where they
+repeat from (ragspec.describe.draft_source).
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from ragspec.describe import merge_ranges, passage_label
+from ragspec.describe import PASSAGE, draft_source, merge_ranges, passage_label
 from ragspec.terminal import printable
 
 DRAFT_COLOUR = "#ffe38a"
 OWN_COLOUR = "#d5ecff"
+ECHO_STYLE = "background:none;text-decoration:underline dotted #8a8a8a;text-underline-offset:3px"
 
 # Characters Markdown (and Streamlit's extensions: :emoji:, :red[...], $math$) would interpret.
 _MARKDOWN_CHARS = "\\`*_{}[]()#+-.!|~$:<>&\"'="
@@ -37,6 +41,7 @@ _ENTITIES[ord("\r")] = ""
 
 STYLE = f"""<style>
 mark.rs-draft {{ background: {DRAFT_COLOUR}; padding: 0 1px; border-radius: 3px; }}
+mark.rs-echo {{ {ECHO_STYLE}; color: inherit; }}
 .rs-answer, .rs-passage {{ line-height: 1.6; }}
 .rs-passage {{ font-size: 0.9em; border-left: 3px solid #ddd; padding-left: 0.6em; }}
 .rs-legend {{ font-size: 0.85em; color: #555; }}
@@ -60,13 +65,12 @@ def escape_text(text: str, *, inline: bool = False) -> str:
     return text.translate(_ENTITIES)
 
 
-def _mark(inner: str, title: str) -> str:
-    return (f'<mark class="rs-draft" style="background:{DRAFT_COLOUR}" '
-            f'title="{escape_text(title)}">{inner}</mark>')
-
-
-
-
+def _mark(inner: str, title: str, source: str = PASSAGE) -> str:
+    """A highlighted copy from a passage, or an underlined repeat (any other draft source)."""
+    if source == PASSAGE:
+        return (f'<mark class="rs-draft" style="background:{DRAFT_COLOUR}" '
+                f'title="{escape_text(title)}">{inner}</mark>')
+    return f'<mark class="rs-echo" style="{ECHO_STYLE}" title="{escape_text(title)}">{inner}</mark>'
 
 
 def span_title(span, passages: Sequence = ()) -> str:
@@ -82,8 +86,10 @@ def span_title(span, passages: Sequence = ()) -> str:
         return (f"accepted draft copied from {passage_label(o.source, p)}, "
                 f"characters {o.char_start}-{o.char_end}: \u201c{excerpt}\u201d")
     if o.in_prompt:
-        return f"accepted draft copied from the prompt (token {o.position})"
-    return f"accepted draft copied from earlier in the answer (token {o.position})"
+        return (f"accepted draft repeating the question or instruction (prompt token "
+                f"{o.position}), not a passage")
+    return (f"accepted draft repeating the answer's own earlier text (token {o.position}), "
+            f"not a source")
 
 
 def spans_html(spans: Iterable, passages: Sequence = ()) -> str:
@@ -93,12 +99,31 @@ def spans_html(spans: Iterable, passages: Sequence = ()) -> str:
         inner = escape_text(span.text)
         if not inner:
             continue
-        out.append(_mark(inner, span_title(span, passages)) if span.drafted else inner)
+        source = draft_source(span)
+        out.append(inner if source is None else _mark(inner, span_title(span, passages), source))
     return f'<div class="rs-answer">{"".join(out)}</div>'
 
 
-
-
+def sources_html(spans: Iterable, passages: Sequence = ()) -> str:
+    """The "where the highlighted spans came from" list: each copy from a passage with its
+    source; repeats of the answer's own text or of the question are counted, not listed as
+    sources."""
+    items, repeats = [], 0
+    for span in spans:
+        source = draft_source(span)
+        if source == PASSAGE:
+            items.append(f"<li>{_mark(escape_text(span.text), span_title(span, passages))} "
+                         f"&#8592; {escape_text(span_title(span, passages))}</li>")
+        elif source is not None and span.text:
+            repeats += 1
+    note = ""
+    if repeats:
+        note = (f"<p>{repeats} accepted draft{'s' if repeats != 1 else ''} "
+                f"(<mark class=\"rs-echo\" style=\"{ECHO_STYLE}\">underlined</mark>) "
+                f"{'repeat' if repeats != 1 else 'repeats'} the answer's own earlier text or "
+                f"the question: not sources.</p>")
+    listed = f"<ul>{''.join(items)}</ul>" if items else "<p>No span was copied from a passage.</p>"
+    return f"<div>{listed}{note}</div>"
 
 
 def passage_html(text: str, ranges: Sequence[tuple[int, int]] = ()) -> str:
@@ -117,9 +142,11 @@ def passage_html(text: str, ranges: Sequence[tuple[int, int]] = ()) -> str:
 
 def legend_html() -> str:
     return (f'<div class="rs-legend"><mark class="rs-draft-legend" style="background:'
-            f'{DRAFT_COLOUR}">highlighted</mark> = accepted draft: copied from a passage by the '
-            f'n-gram drafter and confirmed by the model in one forward pass; plain text = '
-            f'written by the model token by token. Hover a highlight to see its source.</div>')
+            f'{DRAFT_COLOUR}">highlighted</mark> = accepted draft copied from a passage by the '
+            f'n-gram drafter and confirmed by the model in one forward pass (hover it to see '
+            f'the passage); <mark class="rs-echo-legend" style="{ECHO_STYLE}">underlined</mark>'
+            f' = accepted draft repeating the answer\'s own earlier text or the question: not '
+            f'a source; plain text = written by the model token by token.</div>')
 
 
 
