@@ -160,6 +160,23 @@ def test_stop_rule_in_the_evaluation_cuts_a_prefix_of_the_free_answer(tiny_gen):
     assert ruled["runs"][0]["summary"]["repetition_stops"] == stopped
 
 
+def test_settings_cut_from_one_longer_generation_equal_their_own_generation(tiny_gen):
+    """Lengths and stop rules of one prompt share a generation ("derived"); each derived answer
+    is exactly what generating that setting alone gives."""
+    grid = ev.settings_grid(["quote"], [2], [12, 30, 48], [(0, 2), (3, 2), (2, 3)], [1.0])
+    derived = ev.evaluate(FakeStore(), [ev.Model("tiny", tiny_gen)], grid, QUESTIONS)
+    reasons = set()
+    for run, setting in zip(derived["runs"], grid, strict=True):
+        alone = ev.evaluate(FakeStore(), [ev.Model("tiny", tiny_gen)], [setting], QUESTIONS)
+        for a, b in zip(run["questions"], alone["runs"][0]["questions"], strict=True):
+            assert a["derived"] and not b["derived"]
+            keys = ("token_ids", "text", "stop_reason", "new_tokens", "recall", "loops",
+                    "repetition_stop", "refused")
+            assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, (setting.label, a["id"])
+            reasons.add(a["stop_reason"])
+    assert {"repetition", "max_new_tokens"} <= reasons
+
+
 def test_questions_below_the_relevance_floor_are_refused_without_generating(tiny_gen):
     results = ev.evaluate(FakeStore(best=0.1), [ev.Model("tiny", tiny_gen)], [ev.Setting()],
                           QUESTIONS)
