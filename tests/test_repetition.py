@@ -150,3 +150,20 @@ def test_windowed_penalty_is_the_same_with_speculation_on_and_off(tiny_model, ti
         runs = [gen.generate(prompt, GenerationConfig(max_new_tokens=48, draft=d, repeat=repeat))
                 for d in DRAFTS]
         assert runs[1].token_ids == runs[0].token_ids == runs[2].token_ids, f"prompt {prompt}"
+
+
+def test_each_draft_position_is_penalised_by_the_tokens_before_it(tiny_model, tiny_tokenizer):
+    """Drafting the true penalised continuation (every draft right): each verify row must see
+    the earlier draft tokens in its window, or its argmax differs from the plain step's."""
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    repeat = RepeatConfig(penalty=1.8, penalty_last_n=6)
+    accepted = 0
+    for prompt in loopy_prompts(len(tiny_tokenizer)):
+        plain = gen.generate(prompt, GenerationConfig(max_new_tokens=40, repeat=repeat,
+                                                      draft=DraftConfig(enabled=False)))
+        forced = gen.generate(prompt, GenerationConfig(max_new_tokens=40, repeat=repeat,
+                                                       draft=DraftConfig(max_draft=8)),
+                              forced_drafts=plain.token_ids)
+        assert forced.token_ids == plain.token_ids, f"prompt {prompt}"
+        accepted += forced.stats.accepted_tokens
+    assert accepted > 100

@@ -224,7 +224,7 @@ class Runner:
                                  **extra)
             tokens = out[0, ids.shape[1]:].tolist()
             seconds = time.perf_counter() - start
-        if self.repeat.stop_ngram:  # prompt lookup may have written past the stop: drop that
+        if extra and self.repeat.stop_ngram:  # prompt lookup may write past the stop: drop it
             tokens = tokens[: stop_point(tokens, self.repeat.stop_ngram, self.repeat.stop_count)
                             or len(tokens)]
         drafted = 0 if not extra else None  # hf_greedy drafts nothing; hf_pld does not say

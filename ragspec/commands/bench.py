@@ -77,7 +77,10 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     (model.generate with prompt_lookup_num_tokens=10), oracle (the engine drafting the true
     greedy continuation) and, with llama-cpp-python installed, llamacpp and llamacpp_pld (the
     same GGUF file). Speedups are tokens/s (prefill included) over each tool's own greedy on the
-    same question; the ratios compare ragspec with llama.cpp and transformers directly.
+    same question; the ratios compare ragspec with llama.cpp and transformers directly. Every
+    method ends an answer where `ragspec ask` would (end of text, the length limit, or the
+    answer starting to repeat itself), and every figure is also given over the answers that did
+    not loop, with the number left out.
     """
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     try:
