@@ -167,3 +167,27 @@ def test_each_draft_position_is_penalised_by_the_tokens_before_it(tiny_model, ti
         assert forced.token_ids == plain.token_ids, f"prompt {prompt}"
         accepted += forced.stats.accepted_tokens
     assert accepted > 100
+
+
+@pytest.mark.slow
+def test_bundled_model_stops_its_loops_with_the_same_tokens_speculation_on_and_off(bundled):
+    """The product's stop rule on the bundled model: each answer is model.generate's greedy
+    output cut where the rule fires, speculation on or off; and the model does loop here."""
+    from test_bundled_model import QUESTIONS, rag_prompt
+    from test_engine import hf_greedy
+
+    from ragspec.pipeline import ANSWER_REPEAT
+
+    gen = Generator.from_loaded(bundled)
+    fired = 0
+    for question in QUESTIONS:
+        prompt = rag_prompt(bundled.tokenizer, question)
+        free = hf_greedy(bundled.model, prompt, 160)
+        cut = stop_point(free, ANSWER_REPEAT.stop_ngram, ANSWER_REPEAT.stop_count)
+        for draft in (DraftConfig(), DraftConfig(enabled=False)):
+            got = gen.generate(prompt, GenerationConfig(max_new_tokens=160, draft=draft,
+                                                        repeat=ANSWER_REPEAT))
+            assert got.token_ids == free[:cut], question
+            assert (got.stats.stop_reason == "repetition") == (cut is not None)
+        fired += cut is not None
+    assert fired, "the bundled model should repeat itself on at least one of these questions"

@@ -151,7 +151,7 @@ def format_table(results: dict) -> str:
     for run in results["runs"]:
         s = run["summary"]
         lines.append(
-            f"| {run['model']} | {run['setting']['label']} "
+            f"| {run['model'].split(' (')[0]} | {run['setting']['label']} "
             f"| {_num(s['mean_recall'], '.2f')} / {_num(s['median_recall'], '.2f')} "
             f"| {_pct(s['present'], s['answerable'])} | {_pct(s['exact'], s['answerable'])} "
             f"| {_pct(s['loops'], s['generated'])} | {_pct(s['repetition_stops'], s['generated'])} "

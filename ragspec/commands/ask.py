@@ -48,7 +48,10 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
     passage reaches --min-score, no answer is generated (the model is not even loaded): ask says
     that the documents do not appear to hold the answer and shows the closest passages.
     --json prints {"answer": {...as generate --json...}|null, "passages": [...],
-    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}.
+    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}. An answer that
+    starts repeating itself ends there (answer.stats.stop_reason "repetition", and a note in
+    the text output); drafts copied from a passage are highlighted, repeats of the answer's own
+    text or of the question are underlined.
 
     \b
     Example:
