@@ -142,7 +142,7 @@ def test_a_reloaded_chat_shows_the_same_answer_highlights_and_passages(page):
     settle(at)
     chat_id = at.query_params["chat"]
     answer, passages = answers_html(at), passages_html(at)
-    assert len(answer) == 1 and '<mark class="rs-draft"' in answer[0]
+    assert len(answer) == 1 and '<mark class="rs-' in answer[0]  # a copy or a repeat
     assert passages
     saved = saved_chat(at)["messages"][-1]
     assert saved["status"] == "done" and saved["runs"][0]["spans"]
