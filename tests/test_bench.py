@@ -8,14 +8,12 @@ import copy
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from ragspec.bench import runner as core
 from ragspec.bench import summary as summary
 from ragspec.cli import main
 from ragspec.commands import bench as bench_cmd
-from ragspec.decoding.engine import Generator
 
 RESULT_FIELDS = {"new_tokens", "seconds", "ttft_seconds", "tokens_per_s", "decode_tokens_per_s",
                  "forward_passes", "drafted_tokens", "accepted_tokens", "identical_to_greedy",
@@ -32,19 +30,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The tiny model gains nothing from threads, and on a shared 2-core machine torch's
-    # spinning worker threads make every small op wait for a descheduled sibling.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_gen(tiny_model, tiny_tokenizer):
-    return Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+pytestmark = pytest.mark.usefixtures("one_thread")  # one_thread, tiny_gen: tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import json
 from types import SimpleNamespace
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from ragspec.bench import evaluate as ev
@@ -16,9 +15,10 @@ from ragspec.bench import quality
 from ragspec.bench.runner import Question, load_questions
 from ragspec.cli import main
 from ragspec.commands import eval as eval_cmd
-from ragspec.decoding.engine import Generator
 from ragspec.decoding.types import RepeatConfig
 from ragspec.retrieval.store import Hit, Passage, SearchResult
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one_thread, tiny_gen: tests/conftest.py
 
 PASSAGES = [
     Passage(id="a-1", doc_id="a", source="/docs/gzip.txt", page=None, start=0,
@@ -48,17 +48,6 @@ class FakeStore:
         return SearchResult(hits=hits, best_score=self.best, mode=mode)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_gen(tiny_model, tiny_tokenizer):
-    return Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
 
 
 # -- measures -----------------------------------------------------------------------------------

@@ -3,10 +3,7 @@ engine with the rule and the penalty against transformers' generate (speculation
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +16,7 @@ from ragspec.decoding.repetition import (
     stop_point,
 )
 from ragspec.decoding.types import DraftConfig, GenerationConfig, RepeatConfig
+from tests.test_engine import hf_greedy
 
 TOKENS = st.lists(st.integers(0, 4), max_size=60)
 
@@ -114,16 +112,6 @@ def test_stop_rule_keeps_a_prefix_of_the_output_without_it(tiny_model, tiny_toke
     assert fired >= 4, "these prompts should make the rule fire"
 
 
-def hf_penalised(model, prompt, max_new_tokens, penalty):
-    config = copy.deepcopy(model.generation_config)
-    config.do_sample, config.max_new_tokens = False, max_new_tokens
-    config.repetition_penalty = penalty
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), generation_config=config,
-                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("draft", DRAFTS, ids=["off", "adaptive", "fixed8"])
 def test_penalty_over_the_whole_sequence_equals_transformers_repetition_penalty(
         tiny_model, tiny_tokenizer, draft):
@@ -131,16 +119,13 @@ def test_penalty_over_the_whole_sequence_equals_transformers_repetition_penalty(
     repetition_penalty; speculation on or off, every draft position is penalised by the tokens
     before it, so the tokens are the same."""
     gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
-    repeat = RepeatConfig(penalty=1.3, penalty_last_n=1024)
-    accepted = 0
-    for prompt in loopy_prompts(len(tiny_tokenizer)):
-        want = hf_penalised(tiny_model, prompt, 40, 1.3)
-        got = gen.generate(prompt, GenerationConfig(max_new_tokens=40, draft=draft,
-                                                    repeat=repeat))
-        assert got.token_ids == want, f"prompt {prompt}"
-        accepted += got.stats.accepted_tokens
-    if draft.enabled:
-        assert accepted > 0, "drafts should be accepted under the penalty too"
+    config = GenerationConfig(max_new_tokens=40, draft=draft,
+                              repeat=RepeatConfig(penalty=1.3, penalty_last_n=1024))
+    runs = {tuple(p): gen.generate(p, config) for p in loopy_prompts(len(tiny_tokenizer))}
+    for prompt, got in runs.items():
+        assert got.token_ids == hf_greedy(tiny_model, list(prompt), 40, repetition_penalty=1.3)
+    if draft.enabled:  # drafts are accepted under the penalty too
+        assert sum(got.stats.accepted_tokens for got in runs.values()) > 0
 
 
 def test_windowed_penalty_is_the_same_with_speculation_on_and_off(tiny_model, tiny_tokenizer):
@@ -174,7 +159,6 @@ def test_bundled_model_stops_its_loops_with_the_same_tokens_speculation_on_and_o
     """The product's stop rule on the bundled model: each answer is model.generate's greedy
     output cut where the rule fires, speculation on or off; and the model does loop here."""
     from test_bundled_model import QUESTIONS, rag_prompt
-    from test_engine import hf_greedy
 
     from ragspec.pipeline import ANSWER_REPEAT
 

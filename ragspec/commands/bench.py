@@ -17,6 +17,7 @@ import click
 from ragspec.bench import runner as core
 from ragspec.bench import summary as summary
 from ragspec.bench.llamacpp import LLAMACPP_METHODS
+from ragspec.commands.common import corpus_option, limit_option, reuse_index_option
 
 
 def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) -> core.Setup:
@@ -33,9 +34,7 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) 
 
 
 @click.command("bench")
-@click.option("--corpus", required=True, metavar="DIR",
-              type=click.Path(exists=True, file_okay=False, dir_okay=True),
-              help="Folder of documents to ingest and answer from.")
+@corpus_option
 @click.option("--questions", "questions_file", required=True, metavar="FILE.jsonl",
               type=click.Path(exists=True, dir_okay=False),
               help='One {"id", "question", "kind": "copy"|"open"} object per line.')
@@ -43,12 +42,8 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) 
               help="New tokens per answer (every method stops there or at EOS).")
 @click.option("--model", default=None, metavar="M",
               help="Model folder or Hugging Face id in the local cache (default: bundled).")
-@click.option("--limit", default=None, type=click.IntRange(min=1), metavar="N",
-              help="Only the first N questions.")
-@click.option("--index", default=None, metavar="DIR",
-              type=click.Path(file_okay=False, dir_okay=True),
-              help="Reuse this index (the corpus is ingested into it; unchanged files are "
-                   "skipped) instead of a temporary one.")
+@limit_option
+@reuse_index_option
 @click.option("--out", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="Write results.json here.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",

@@ -16,7 +16,13 @@ import tempfile
 
 import click
 
-from ragspec.commands.common import generator_from_options, min_score_option
+from ragspec.commands.common import (
+    corpus_option,
+    generator_from_options,
+    limit_option,
+    min_score_option,
+    reuse_index_option,
+)
 
 
 def _list(kind):
@@ -47,9 +53,7 @@ def _stop(text: str) -> tuple[int, int]:
 
 
 @click.command("eval")
-@click.option("--corpus", required=True, metavar="DIR",
-              type=click.Path(exists=True, file_okay=False, dir_okay=True),
-              help="Folder of documents to ingest and answer from.")
+@corpus_option
 @click.option("--questions", "questions_file", required=True, metavar="FILE.jsonl",
               type=click.Path(exists=True, dir_okay=False),
               help='One {"id", "question", "kind", "answer": snippet or [snippets], '
@@ -75,12 +79,8 @@ def _stop(text: str) -> tuple[int, int]:
               show_default=True,
               help="both: answer with speculation off and on and count identical answers.")
 @min_score_option
-@click.option("--limit", default=None, type=click.IntRange(min=1), metavar="N",
-              help="Only the first N questions.")
-@click.option("--index", default=None, metavar="DIR",
-              type=click.Path(file_okay=False, dir_okay=True),
-              help="Reuse this index (the corpus is ingested into it; unchanged files are "
-                   "skipped) instead of a temporary one.")
+@limit_option
+@reuse_index_option
 @click.option("--out", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="Write the results object (JSON) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
