@@ -34,15 +34,25 @@ chromium:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium not installed: the browser test will be skipped"
 
-# llama.cpp for `ragspec bench` (methods llamacpp, llamacpp_pld): a source build, ~12 minutes on
-# 2 cores. The default flags suit an AVX-512 Xeon like our development machines; ggml's AMX
-# kernels stay off (they crash on some virtual machines that report AMX). Elsewhere, e.g.
-#   make bench-anchors LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON"
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-  -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
-  -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+# llama.cpp for `ragspec bench` (methods llamacpp, llamacpp_pld): a source build of
+# llama-cpp-python, ~15 minutes on 2 cores. Built for this machine's CPU (ggml's native build),
+# with ggml's AMX kernels compiled out where the CPU reports AMX (they crash on some virtual
+# machines): ragspec/bench/llama_build.py decides from $(LLAMA_CPUINFO), and afterwards checks
+# that what is installed runs here (a wheel built for another CPU, e.g. one from pip's cache, is
+# rebuilt). Other flags, e.g.
+#   make bench-anchors LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+# are built without pip's cache.
+LLAMA_CPUINFO ?= /proc/cpuinfo
+LLAMA_BUILD = $(PY) -m ragspec.bench.llama_build
+LLAMA_CMAKE_ARGS ?= $(shell $(LLAMA_BUILD) flags --cpuinfo $(LLAMA_CPUINFO))
+LLAMA_PIP = CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet \
+  --no-binary llama-cpp-python -r requirements-bench.txt
+LLAMA_FRESH = $(PY) -m pip uninstall --quiet --yes llama-cpp-python && $(LLAMA_PIP) --no-cache-dir
 bench-anchors: $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -r requirements-bench.txt
+	@echo "llama.cpp: CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)"
+	$(if $(filter file,$(origin LLAMA_CMAKE_ARGS)),$(LLAMA_PIP),$(LLAMA_FRESH))
+	$(LLAMA_BUILD) check --cpuinfo $(LLAMA_CPUINFO) || \
+	  { $(LLAMA_FRESH) && $(LLAMA_BUILD) check --cpuinfo $(LLAMA_CPUINFO); }
 
 # Refresh the README's picture of the chat (the browser test, writing into docs/).
 screenshot: $(STAMP) chromium

@@ -19,8 +19,8 @@ def main() -> None:
 
 
 # Modules under ragspec/commands whose COMMANDS lists make up the CLI.
-COMMAND_MODULES = ("generate", "index", "bench", "calibrate", "ask", "ui", "chats", "pull",
-                   "eval")
+COMMAND_MODULES = ("generate", "index", "bench", "bench_engine", "calibrate", "ask", "ui", "chats",
+                   "pull", "users", "eval")
 
 
 def _register() -> None:

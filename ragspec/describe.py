@@ -42,12 +42,14 @@ def draft_source(span) -> str | None:
     return PASSAGE if o.source is not None else PROMPT
 
 
-def copied_ranges(spans: Iterable) -> dict[int, list[tuple[int, int]]]:
-    """Passage index -> sorted, merged character ranges that drafted spans copied from it."""
+def copied_ranges(spans: Iterable, quoted: bool = False) -> dict[int, list[tuple[int, int]]]:
+    """Passage index -> sorted, merged character ranges that drafted spans copied from it
+    (quoted=True: that quoted spans match, ragspec.quoting)."""
     ranges: dict[int, list[tuple[int, int]]] = {}
     for span in spans:
         o = getattr(span, "origin", None)
-        if not span.drafted or o is None or o.source is None or o.char_start is None:
+        chosen = getattr(span, "quoted", False) if quoted else span.drafted
+        if not chosen or o is None or o.source is None or o.char_start is None:
             continue
         if o.char_end > o.char_start:
             ranges.setdefault(o.source, []).append((o.char_start, o.char_end))

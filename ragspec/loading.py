@@ -25,12 +25,14 @@ def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
 
 
 def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
-                   max_draft: int = 16, *, device: str | None = None, exact: bool = False):
-    """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2)."""
+                   max_draft: int = 16, *, device: str | None = None, exact: bool = False,
+                   weights: str = "auto"):
+    """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2); weights as for
+    ragspec.decoding.model.load_model."""
     from ragspec.decoding.model import load_model
 
     cache = model_cache_dir(cache_dir)
-    loaded = load_model(model, cache, device=device, exact=exact)
+    loaded = load_model(model, cache, device=device, exact=exact, weights=weights)
     return loaded, generator_for(loaded, cache, max_draft)
 
 
@@ -62,7 +64,8 @@ def describe_device(loaded) -> str:
     dtype = str(loaded.dtype).replace("torch.", "")
     if loaded.device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(loaded.device)}, {dtype})"
-    weights = f"{dtype}, 4-bit decode" if getattr(loaded, "int4", False) else dtype
+    note = getattr(loaded, "weights_note", "")
+    weights = f"{loaded.weights} weights: {note}" if note else dtype
     return f"{loaded.device.type} ({torch.get_num_threads()} threads, {weights})"
 
 
@@ -75,11 +78,21 @@ def cached_embedder(name: str | None):
     return Embedder(name)
 
 
-def open_store(index: str | os.PathLike | None = None, *, with_embedder: bool = True):
-    """The PassageStore at `index` (default $RAGSPEC_HOME/index); with_embedder=False is enough
-    to list and remove documents (no model is loaded). Raises retrieval's RetrievalError."""
+def index_location(index: str | os.PathLike | None = None):
+    """What `--index` names: a Milvus location as given, else the folder (default
+    $RAGSPEC_HOME/index)."""
     from ragspec import paths
-    from ragspec.retrieval.store import PassageStore
+    from ragspec.retrieval.backends import is_milvus
+
+    return index if is_milvus(index) else paths.index_dir(index)
+
+
+def open_store(index: str | os.PathLike | None = None, *, with_embedder: bool = True):
+    """The store at `index` (a folder, default $RAGSPEC_HOME/index, or a Milvus location: see
+    ragspec.retrieval.backends); with_embedder=False is enough to list and remove documents (no
+    model is loaded). Raises retrieval's RetrievalError, or ValueError for a malformed Milvus
+    location."""
+    from ragspec.retrieval.backends import open_index
 
     embedder = cached_embedder(os.environ.get(EMBEDDER_ENV) or None) if with_embedder else None
-    return PassageStore.open(paths.index_dir(index), embedder)
+    return open_index(index_location(index), embedder)

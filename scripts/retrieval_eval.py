@@ -1,6 +1,7 @@
 """Retrieval quality: dense vs hybrid search, and the relevance floor, on four question sets.
 
 Usage:  PYTHONPATH=. python scripts/retrieval_eval.py [--work DIR] [--json OUT]
+                                                     [--backend faiss|milvus]
 
 Sets (each question carries the corpus file and verbatim snippet(s) holding its answer, see
 data/realdocs/README.md): `data` (data/corpus) and `bench` (data/bench/corpus), written for
@@ -60,16 +61,17 @@ def corpora(work: Path) -> dict[str, tuple[Path, list[dict]]]:
     return sets
 
 
-def evaluate_set(name: str, corpus: Path, questions: list[dict]) -> dict:
-    """Ingest `corpus` into a temporary index; per question and mode, the found rank and the
-    best cosine."""
+def evaluate_set(name: str, corpus: Path, questions: list[dict],
+                 backend: str = "faiss") -> dict:
+    """Ingest `corpus` into a temporary index (a FAISS folder, or a Milvus Lite file); per
+    question and mode, the found rank and the best cosine."""
     from ragspec.loading import open_store
     from ragspec.retrieval.ingest import ingest_paths
 
     files = sorted(p.name for p in corpus.iterdir() if p.is_file())
     texts = realdocs.loaded_texts(corpus, files)
     with tempfile.TemporaryDirectory(prefix="retrieval-eval-") as scratch:
-        store = open_store(scratch)
+        store = open_store(scratch if backend == "faiss" else f"milvus:{scratch}/index.db")
         report = ingest_paths([corpus], store)
         if report.failed:
             raise click.ClickException(f"{name}: ingest failed for {report.failed[0][0]}: "
@@ -84,6 +86,7 @@ def evaluate_set(name: str, corpus: Path, questions: list[dict]) -> dict:
                 row["best_score"] = round(result.best_score, 4)
             rows.append(row)
         passages = store.passage_count()
+        store.close()
     return {"set": name, "passages": passages, "questions": rows}
 
 
@@ -153,11 +156,13 @@ def print_table(table: list[dict], floor: float) -> None:
               help="Folder for the built real-document corpora (default: a temporary one).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Also write every question's ranks and scores here.")
-def main(work: Path | None, json_out: Path | None) -> None:
+@click.option("--backend", type=click.Choice(["faiss", "milvus"]), default="faiss",
+              show_default=True, help="The index backend to ingest and search with.")
+def main(work: Path | None, json_out: Path | None, backend: str) -> None:
     """Recall@1/3/5 of dense and hybrid search and refusal rates at the chosen floor."""
     with tempfile.TemporaryDirectory(prefix="retrieval-eval-corpora-") as scratch:
         sets = corpora(work or Path(scratch))
-        results = [evaluate_set(name, corpus, questions)
+        results = [evaluate_set(name, corpus, questions, backend)
                    for name, (corpus, questions) in sets.items()]
     floor = choose_floor(results)
     table = summarise(results, floor)

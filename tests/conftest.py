@@ -16,6 +16,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 REPO = Path(__file__).resolve().parent.parent
 # The de-quantised bundled model is reused between test runs (conversion takes ~30 s).
 MODEL_CACHE = Path(os.environ.get("RAGSPEC_TEST_MODEL_CACHE", REPO / ".ragspec-home" / "models"))
+# ragspec's CPU kernels are compiled once (about a minute) and shared by every test and every
+# command a test runs, whatever RAGSPEC_HOME it sets.
+os.environ.setdefault("RAGSPEC_KERNELS_DIR", str(MODEL_CACHE / "kernels"))
 
 
 def make_char_tokenizer():
@@ -77,9 +80,18 @@ def tiny_model(tiny_tokenizer):
 
 @pytest.fixture(scope="session")
 def bundled():
+    """The bundled model as ragspec runs it by default (its GGUF's own formats, packed)."""
     from ragspec.decoding.model import load_model
 
     return load_model(None, MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def bundled_fp32():
+    """The bundled model de-quantised to fp32 in transformers' own layers (--weights fp32)."""
+    from ragspec.decoding.model import load_model
+
+    return load_model(None, MODEL_CACHE, weights="fp32")
 
 
 # -- the architecture matrix: one tiny randomly initialised model per family -------------------

@@ -264,9 +264,10 @@ def cli_env(tmp_path, monkeypatch, tiny_gen, prepared):
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
     calls = {}
 
-    def fake_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None):
+    def fake_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None,
+                   weights="auto", methods=None):
         calls.update(model=model, corpus=corpus, index=index, max_new_tokens=max_new_tokens,
-                     ids=[q.id for q in questions], llamacpp=llamacpp)
+                     ids=[q.id for q in questions], llamacpp=llamacpp, weights=weights)
         return core.Setup("tiny", "cpu", tiny_gen, prepared[: len(questions)])
 
     monkeypatch.setattr(bench_cmd, "build_setup", fake_setup)
@@ -417,6 +418,7 @@ def test_llamacpp_anchors_run_beside_the_others(tiny_gen, prepared, monkeypatch,
 
     fake = types.ModuleType("llama_cpp")
     fake.Llama = FakeLlama
+    fake.llama_print_system_info = lambda: b"CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | "
     speculative = types.ModuleType("llama_cpp.llama_speculative")
     speculative.LlamaPromptLookupDecoding = lambda num_pred_tokens: ("pld", num_pred_tokens)
     monkeypatch.setitem(sys.modules, "llama_cpp", fake)
@@ -427,8 +429,10 @@ def test_llamacpp_anchors_run_beside_the_others(tiny_gen, prepared, monkeypatch,
     runner = core.Runner(tiny_gen, anchors=anchors)
     assert runner.methods[-2:] == ("llamacpp", "llamacpp_pld")
     entries = core.run_bench(runner, prepared[:2], 6, repeats=2)
-    results = summary.build_results("tiny", "cpu", 6, entries, repeats=2)
+    results = summary.build_results("tiny", "cpu", 6, entries, repeats=2,
+                                    llamacpp_build=anchors.compiled_for)
     assert results["methods"][-2:] == ["llamacpp", "llamacpp_pld"]
+    assert results["llamacpp_build"] == ["SSE3", "AVX", "AVX2"]  # what the results record
     for entry in entries:
         run = entry["results"]["llamacpp"]
         assert run["new_tokens"] == 6 and 0 < run["ttft_seconds"] <= run["seconds"]

@@ -51,7 +51,8 @@ def test_quoting_answer_is_mostly_accepted_drafts(bundled):
     assert result.stats.forward_passes < result.stats.new_tokens - 1
 
 
-def test_converted_copy_reloads_with_identical_logits(bundled):
+def test_converted_copy_reloads_with_identical_logits(bundled_fp32):
+    bundled = bundled_fp32
     from transformers import AutoModelForCausalLM
 
     gguf = bundled_gguf_path()

@@ -75,22 +75,26 @@ def test_a_busy_measurement_is_flagged_noisy():
     assert cal.noisy and cal.spread > calibrate.MAX_SPREAD
 
 
-def test_sizes_are_interleaved_across_rounds(tiny_model):
+def test_sizes_and_contexts_are_interleaved_across_rounds(tiny_model):
     seen = []
     forward = tiny_model.forward
 
     def spy(*args, **kwargs):
-        seen.append(kwargs["input_ids"].shape[1])
+        cache = kwargs["cache"]
+        seen.append((kwargs["input_ids"].shape[1], cache.get_seq_length()))
         return forward(*args, **kwargs)
 
     tiny_model.forward = spy
     try:
-        calibrate.measure(tiny_model, 4, context=32, rounds=3)
+        cal = calibrate.measure(tiny_model, 4, context=32, rounds=3, far_context=96)
     finally:
         del tiny_model.forward
-    rounds = [seen[1 + 4 * r : 1 + 4 * (r + 1)] for r in range(4)]  # after the context's prefill
-    assert all(sorted(r) == [1, 2, 3, 4] for r in rounds)
+    assert seen[:2] == [(32, 0), (96, 0)]  # the two contexts' prefills
+    rounds = [seen[2 + 8 * r : 2 + 8 * (r + 1)] for r in range(4)]
+    assert all(sorted(r) == sorted((n, c) for n in range(1, 5) for c in (32, 96)) for r in rounds)
     assert len({tuple(r) for r in rounds}) > 1  # not the same order every round
+    assert (cal.context, cal.far_context) == (32, 96) and len(cal.far_seconds) == 4
+    assert cal.cost(3, 96) == cal.far_seconds[2] and cal.cost(3, 32) == cal.seconds[2]
 
 
 def test_noisy_curves_are_used_but_not_cached(tiny_model, tmp_path, monkeypatch):
@@ -165,15 +169,50 @@ def test_the_engine_remeasures_after_two_disagreeing_checks(tiny_model, tiny_tok
             gen.watch.observe(4, long_step)  # the curve says 0.066
 
     samples(0.20)
-    assert not gen.check_cost()  # one disagreement is not yet sustained
+    assert not gen.review_cost()  # one disagreement is not yet sustained
     samples(0.066)
-    assert not gen.check_cost()  # an agreeing verdict starts the count again
+    assert not gen.review_cost()  # an agreeing verdict starts the count again
     samples(0.20)
-    assert not gen.check_cost() and not calls
-    assert not gen.check_cost() and not calls  # no fresh samples: no verdict
+    assert not gen.review_cost() and not calls
+    assert not gen.review_cost() and not calls  # no fresh samples: no verdict
     samples(0.20)
-    assert gen.check_cost() and calls == [1]
+    assert gen.review_cost() and not calls  # due, but reviewing never measures
+    assert gen.recalibrate_if_due() and calls == [1]
     assert gen.cost is fresh and policy.cost is fresh
+    assert not gen.recalibrate_if_due() and calls == [1]  # done: no longer due
+
+
+def test_a_generation_never_remeasures_inside_itself(tiny_model, tiny_tokenizer):
+    """Even when the curve is due for a re-measure, streaming an answer never runs it: the
+    re-measure waits for recalibrate_if_due, between generations."""
+    calls = []
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2], cost=ForwardCost(TRUE * 3),
+                    recalibrate=lambda: calls.append(1) or ForwardCost([1.0] * 24))
+    gen.recalibration_due = True
+    for _ in range(3):
+        for _ in range(20):  # live steps that disagree with the curve wildly
+            gen.watch.observe(1, 0.05)
+            gen.watch.observe(2, 5.0)
+        gen.generate([5, 6, 7, 5, 6, 7, 5, 6], GenerationConfig(max_new_tokens=12))
+    assert calls == [] and gen.recalibration_due
+    gen.recalibrate_if_due()
+    assert calls == [1]
+
+
+def test_live_steps_are_compared_with_the_curve_at_their_own_context():
+    """A curve measured at two contexts: steps at a long context that cost what the curve says
+    there agree with it, though they would disagree with its short-context shape."""
+    near = [0.050, 0.052, 0.055, 0.060]
+    far = [0.060, 0.080, 0.100, 0.130]  # attention makes long forwards dearer at 1024
+    cost = ForwardCost(near, 256, far, 1024)
+    watch = CostWatch(min_samples=4)
+    for _ in range(8):
+        for n in range(1, 5):
+            watch.observe(n, cost(n, 1000), 1000)
+    assert watch.verdict(cost) is False
+    single = ForwardCost(near, 256)  # the same samples against a one-context curve
+    assert watch.verdict(single) is True
+    assert cost(4, 640) == pytest.approx((0.060 + 0.130) / 2)
 
 
 @pytest.fixture
@@ -205,3 +244,28 @@ def test_calibrate_measures_caches_and_shows_the_curve(calibrate_cli):
     data = json.loads(shown.stdout)
     assert data["saved"] and len(data["seconds"]) == 4 and data["rounds"] == calibrate.ROUNDS
     assert data["file"] == str(calibrate_cli / "models" / calibrate.COSTS_FILE)
+
+
+def test_two_writers_saving_at_once_keep_both_entries(tiny_model, tmp_path, monkeypatch):
+    """Each save reads the table, adds its entry and writes it back: without the lock, two
+    saves that overlap both read the old table and the second write loses the first's entry."""
+    import threading
+
+    read = calibrate._read_table
+
+    def slow_read(cache_dir):
+        table = read(cache_dir)
+        time.sleep(0.2)  # both writers hold the old table at the same time
+        return table
+
+    monkeypatch.setattr(calibrate, "_read_table", slow_read)
+    cal = Calibration((0.01, 0.02), spread=0.0, rounds=9, context=32, measured_at="t")
+    keys = [torch.float32, torch.float16]
+    workers = [threading.Thread(target=calibrate.save, args=(tiny_model, CPU, d, tmp_path, cal))
+               for d in keys]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    table = json.loads((tmp_path / calibrate.COSTS_FILE).read_text())
+    assert {cost_key(tiny_model, CPU, d) for d in keys} <= set(table)

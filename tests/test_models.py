@@ -21,7 +21,7 @@ from conftest import REPO, make_family_model, save_model_folder
 from test_arch_matrix import hf_greedy
 
 from ragspec.cli import main
-from ragspec.decoding.attention import NAME
+from ragspec.decoding.attention import NAME, NATIVE
 from ragspec.decoding.engine import Generator
 from ragspec.decoding.hub import HubError, select_files, wanted
 from ragspec.decoding.model import ModelNotFound, ModelNotSupported, load_model
@@ -41,11 +41,15 @@ def one_line_error(res, code: int = 1) -> str:
 
 # -- folders of other families -------------------------------------------------------------------
 
-def test_gemma2_folder_loads_with_stock_attention_and_matches_generate(tmp_path, tiny_tokenizer):
+@pytest.mark.parametrize("weights,attention", [("fp32", "eager"), ("auto", NATIVE)])
+def test_gemma2_folder_loads_with_its_attention_and_matches_generate(tmp_path, tiny_tokenizer,
+                                                                    weights, attention):
+    """fp32: transformers' eager attention (sdpa cannot soft-cap); packed weights: ragspec's
+    kernel, which soft-caps."""
     folder = save_model_folder(make_family_model("gemma2", len(tiny_tokenizer)), tiny_tokenizer,
                                tmp_path / "gemma2")
-    loaded = load_model(str(folder), tmp_path / "cache")
-    assert loaded.attention == "eager" and loaded.speculation_off_reason is None
+    loaded = load_model(str(folder), tmp_path / "cache", weights=weights)
+    assert loaded.attention == attention and loaded.speculation_off_reason is None
     prompt = [5, 6, 7, 8, 9, 10] * 10
     got = Generator.from_loaded(loaded).generate(prompt, GenerationConfig(max_new_tokens=24))
     assert got.token_ids == hf_greedy(loaded.model, prompt, 24)
@@ -53,7 +57,9 @@ def test_gemma2_folder_loads_with_stock_attention_and_matches_generate(tmp_path,
 
 def test_llama_folder_runs_ragspecs_attention(tmp_path, tiny_model, tiny_tokenizer):
     folder = save_model_folder(tiny_model, tiny_tokenizer, tmp_path / "llama")
-    assert load_model(str(folder), tmp_path / "cache").attention == NAME
+    assert load_model(str(folder), tmp_path / "cache", weights="fp32").attention == NAME
+    packed = load_model(str(folder), tmp_path / "cache")
+    assert packed.attention == NATIVE and packed.weights == "int8"
 
 
 def test_recurrent_model_generates_without_drafts_and_the_cli_says_so_once(run, tmp_path,
@@ -142,9 +148,12 @@ def hub_cache(tmp_path, monkeypatch, tiny_model, tiny_tokenizer):
 
 def test_a_cached_hub_id_loads_offline_and_a_base_model_generates_without_a_template(
         hub_cache, run, tmp_path, tiny_model):
-    loaded = load_model("tiny-org/tiny-base", tmp_path / "cache")
+    fp32 = load_model("tiny-org/tiny-base", tmp_path / "cache", weights="fp32")
+    assert str(hub_cache) in str(fp32.model.config._name_or_path)
+    loaded = load_model("tiny-org/tiny-base", tmp_path / "cache")  # quantised from the same files
     assert loaded.name == "tiny-org/tiny-base"
-    assert str(hub_cache) in str(loaded.model.config._name_or_path)
+    source = Path(loaded.model.config._name_or_path) / "ragspec-source.json"
+    assert str(hub_cache) in json.loads(source.read_text())["source"]
     res = run("generate", "--prompt", "abcabcabc", "--max-new-tokens", "10",
               "--model", "tiny-org/tiny-base", "--json")
     assert res.exit_code == 0, res.output
@@ -291,9 +300,10 @@ def test_two_first_runs_convert_a_gguf_once_and_both_get_the_folder(user_gguf):
 
 
 @pytest.mark.slow
-def test_a_converted_gguf_loads_fast_with_the_bundled_models_logits(user_gguf, bundled):
+def test_a_converted_gguf_loads_fast_with_the_bundled_models_logits(user_gguf, bundled_fp32):
+    bundled = bundled_fp32
     path, cache, _ = user_gguf
-    loaded = load_model(str(path), cache)
+    loaded = load_model(str(path), cache, weights="fp32")
     assert not loaded.converted
     assert loaded.load_seconds < 5.0  # measured ~0.3-0.6 s on the 2-core development machine
     ids = torch.tensor([list(range(100, 160))])
@@ -325,3 +335,21 @@ def test_generate_with_a_gguf_path_works_and_a_changed_file_converts_again(user_
         f.write(b"\0" * 64)  # trailing bytes: a different file, still readable
     assert needs_conversion(str(copy), cache)
     assert content_hash(copy, cache) != content_hash(path, cache)
+
+
+@pytest.mark.slow
+def test_a_gguf_runs_packed_by_default_in_the_files_own_formats(user_gguf, bundled):
+    """By default a GGUF file is not de-quantised: its weights are kept in its own formats
+    (the bundled file: Q4_1 layers, a Q8_0 embedding), converted once into a packed folder, and
+    the model computes what the bundled model computes."""
+    from ragspec.decoding.packed import packed_bytes, packed_formats
+
+    path, cache, _ = user_gguf
+    first = load_model(str(path), cache)
+    assert first.weights == "gguf" and packed_formats(first.model) == ["Q4_1", "Q8_0"]
+    assert packed_bytes(first.model) <= 1.05 * path.stat().st_size
+    again = load_model(str(path), cache)
+    assert not again.converted
+    ids = torch.tensor([list(range(100, 160))])
+    with torch.inference_mode():
+        assert torch.equal(again.model(ids).logits, bundled.model(ids).logits)

@@ -40,7 +40,7 @@ def _assert_previous_index_intact(store, embedder):
 BAD_INPUTS = {
     "empty file": ("empty.txt", lambda p: p.write_bytes(b""), "the file is empty"),
     "binary junk named .txt": ("junk.txt", lambda p: p.write_bytes(os.urandom(2048)),
-                               "not UTF-8 text"),
+                               "no text encoding explains these bytes"),
     "corrupt pdf": ("broken.pdf", lambda p: p.write_bytes(PDF.read_bytes()[:1500]),
                     "not a readable PDF"),
     "encrypted pdf": ("locked.pdf", lambda p: p.write_bytes(encrypted_pdf_bytes(str(PDF))),
@@ -163,7 +163,7 @@ def test_json_report_has_exactly_the_documented_keys(store, tmp_path):
     assert report.to_json() == {
         "added": [], "updated": [], "unchanged": [],
         "failed": [{"path": str(tmp_path / "nope.txt"), "error": "no such file or directory"}],
-        "links_not_followed": [],
+        "links_not_followed": [], "encodings": [],
     }
 
 

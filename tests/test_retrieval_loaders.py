@@ -83,7 +83,7 @@ def test_unsupported_type_names_the_supported_ones(tmp_path):
 def test_binary_junk_named_txt_is_rejected(tmp_path):
     path = tmp_path / "junk.txt"
     path.write_bytes(os.urandom(4096))
-    with pytest.raises(LoadError, match="not UTF-8 text"):
+    with pytest.raises(LoadError, match="not text: no text encoding explains these bytes"):
         load_file(path)
 
 
@@ -91,13 +91,6 @@ def test_nul_bytes_that_decode_as_utf8_are_still_binary(tmp_path):
     path = tmp_path / "zeros.txt"
     path.write_bytes(b"\x00" * 2000 + b"some words")
     with pytest.raises(LoadError, match="binary data"):
-        load_file(path)
-
-
-def test_text_in_another_encoding_says_convert_to_utf8(tmp_path):
-    path = tmp_path / "latin1.txt"
-    path.write_bytes("Der Scheduler läuft ständig.".encode("latin-1"))
-    with pytest.raises(LoadError, match="convert it to UTF-8"):
         load_file(path)
 
 

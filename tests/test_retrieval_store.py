@@ -82,7 +82,8 @@ def test_index_is_stored_as_faiss_plus_json_lines_and_never_pickled(index):
     names = {p.name for p in index.iterdir()}
     assert names == {"index.faiss", "passages.jsonl", "keywords.npz", persist.LOCK_NAME}
     with np.load(index / "keywords.npz", allow_pickle=False) as keywords:
-        assert sorted(keywords.files) == ["counts", "offsets", "term_ids", "vocabulary"]
+        assert sorted(keywords.files) == ["counts", "lengths", "offsets", "rows", "tokenizer",
+                                          "vocabulary"]
     lines = (index / "passages.jsonl").read_text(encoding="utf-8").splitlines()
     header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
     assert header["format"] == "ragspec-passages" and header["passages"] == sum(

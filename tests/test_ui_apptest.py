@@ -38,6 +38,7 @@ def app(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("RAGSPEC_MODEL_CACHE", str(MODEL_CACHE))
+    monkeypatch.setenv("RAGSPEC_AUTH", "single-user")
     for name in ("RAGSPEC_UI_INDEX", "RAGSPEC_UI_MODELS", "RAGSPEC_UI_MAX_LOADED"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RAGSPEC_MAX_FILE_MB", "0.002")  # ~2 KiB: big.txt is over, DOC is not

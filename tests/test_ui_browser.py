@@ -98,6 +98,9 @@ def open_page(browser, url: str):
 
 def set_number(page, label: str, value: int) -> None:
     box = page.get_by_label(label)
+    if not box.is_visible():  # the engine's settings sit in the sidebar's "Advanced" expander
+        page.locator(SIDEBAR).get_by_text("Advanced", exact=True).click()
+        box.wait_for()
     box.fill(str(value))
     box.press("Enter")
     page.wait_for_timeout(1000)  # let the rerun triggered by the setting finish
@@ -165,6 +168,7 @@ def test_browser_hostile_file_names_stay_text(chromium, tmp_path):
                          "<script>alert(3)<_script>.exe: unsupported type",
                          "[broken](http:__evil.example_).pdf:"):
             page.get_by_text(expected).first.wait_for()
+        page.locator(SIDEBAR).get_by_text("Advanced", exact=True).click()  # its tooltips too
         remove = page.locator(f'{SIDEBAR} [data-testid="stTooltipHoverTarget"]')
         tooltips = []
         for i in range(remove.count()):

@@ -64,7 +64,7 @@ def test_an_answer_survives_the_round_trip_through_json(tmp_path):
 def test_writes_are_atomic_and_damaged_or_foreign_files_are_refused(tmp_path):
     store = ch.ChatStore(tmp_path)
     chat = saved_answer(store)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".chats.lock", f"{chat['id']}.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".locks", f"{chat['id']}.json"]
     (tmp_path / "0123456789ab.json").write_text('{"format": "ragspec-chat", "id": "0123')
     (tmp_path / "abcdefabcdef.json").write_text(json.dumps({"id": "abcdefabcdef"}))
     assert [c.id for c in store.list()] == [chat["id"]]

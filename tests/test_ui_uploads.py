@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,18 +103,60 @@ def test_the_file_is_written_under_the_index_write_lock(tmp_path, store, monkeyp
     seen = []
     write = uploads.write_atomically
 
-    def checking_write(folder, target, data):
+    def checking_write(target, data, **kwargs):
         try:
             FileLock(str(store.index_dir / persist.LOCK_NAME), timeout=0).acquire()
         except Timeout:
             seen.append("locked")
         else:
             seen.append("NOT locked")
-        write(folder, target, data)
+        write(target, data, **kwargs)
 
     monkeypatch.setattr(uploads, "write_atomically", checking_write)
     assert uploads.ingest_upload(tmp_path / "uploads", "notes.md", NOTES_A, store).status == "added"
     assert seen == ["locked"]
+
+
+def test_an_upload_being_embedded_does_not_hold_the_index_lock(tmp_path, monkeypatch):
+    """An answer searches under the page's index lock; while another session's upload is parsed
+    and embedded it gets the lock at once, and the upload takes it only for its commit."""
+    embedding, release = threading.Event(), threading.Event()
+
+    class SlowEmbedder(HashEmbedder):
+        def embed_array(self, texts):
+            if any("backlog" in t for t in texts):  # the upload's passages, not a query
+                embedding.set()
+                assert release.wait(30)
+            return super().embed_array(texts)
+
+    store = PassageStore.open(tmp_path / "index", SlowEmbedder(), lock_timeout=5)
+    root, lock = tmp_path / "uploads", threading.Lock()
+    assert uploads.ingest_upload(root, "notes.md", NOTES_A, store, lock=lock).status == "added"
+    held_at_commit = []
+    write_snapshot = persist.write_snapshot
+
+    def recording(*args, **kwargs):
+        held_at_commit.append(lock.locked())
+        return write_snapshot(*args, **kwargs)
+
+    monkeypatch.setattr(persist, "write_snapshot", recording)
+    outcome = []
+    upload = threading.Thread(target=lambda: outcome.append(uploads.ingest_upload(
+        root, "big.md", b"# Backlog\n\nThe backlog of jobs drains at night.\n", store, lock=lock)))
+    upload.start()
+    try:
+        assert embedding.wait(10)
+        got_it = lock.acquire(timeout=2)
+        if got_it:
+            hits = store.search("metrics endpoint port")
+            lock.release()
+    finally:
+        release.set()
+        upload.join(30)
+    assert got_it, "a search waited for the upload to be embedded"
+    assert Path(hits[0].passage.source).name == "notes.md"
+    assert [o.status for o in outcome] == ["added"]
+    assert held_at_commit == [True]  # the commit itself is serialised with searches
 
 
 def test_a_failed_ingest_leaves_the_disk_as_it_was(tmp_path, store):
@@ -179,3 +222,11 @@ def test_two_sessions_uploading_notes_md_keep_both(tmp_path, monkeypatch):
     remove = [b for b in alice.sidebar.button if (b.key or "").startswith("remove-")]
     assert len(remove) == 2
     assert [b.help for b in remove].count(remove[0].help) == 1  # told apart by their ids
+
+
+def test_an_upload_in_another_encoding_says_which(tmp_path, store):
+    from test_retrieval_encoding import installed_page
+
+    data = installed_page("de", "cp1252").encode("cp1252")
+    outcome = uploads.ingest_upload(tmp_path / "uploads", "handbuch.txt", data, store)
+    assert outcome.status == "added" and outcome.message.endswith(", read as Windows-1252)")

@@ -34,13 +34,15 @@ def tiny_model_folder(path: Path, seed: int = 0) -> Path:
 
 
 def fast_page(monkeypatch, home: Path, models: list[list[str]] | None = None,
-              model_cache: Path | None = None):
-    """Environment for the page: temporary home, HashEmbedder, the given [name, folder] models."""
+              model_cache: Path | None = None, auth: str = "single-user"):
+    """Environment for the page: temporary home, HashEmbedder, the given [name, folder] models,
+    the sign-in mode `auth` (as `ragspec ui` would pass it)."""
     import streamlit as st
 
     from ragspec import loading as common
 
     monkeypatch.setenv("RAGSPEC_HOME", str(home))
+    monkeypatch.setenv("RAGSPEC_AUTH", auth)
     monkeypatch.delenv("RAGSPEC_UI_INDEX", raising=False)
     monkeypatch.delenv("RAGSPEC_EMBEDDER", raising=False)
     monkeypatch.delenv("RAGSPEC_UI_MAX_LOADED", raising=False)

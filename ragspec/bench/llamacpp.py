@@ -8,6 +8,8 @@ Contract: `LlamaCppAnchors.open(gguf, n_ctx)` returns None when llama_cpp is not
 is a benchmark extra: `make bench-anchors`), so a benchmark without it runs the other methods.
 Each run starts from an empty KV cache (`reset()`): llama-cpp-python would otherwise reuse the
 cached prefix of the previous, identical prompt and skip the prefill it is timed on.
+`compiled_for` lists the instruction sets the installed llama.cpp was built for (its own system
+info), so that every result says which build it measured.
 """
 
 from __future__ import annotations
@@ -29,18 +31,23 @@ def available() -> bool:
 class LlamaCppAnchors:
     """Two llama.cpp contexts over one GGUF file: plain greedy, and with prompt lookup."""
 
-    def __init__(self, llms: dict, path: Path, threads: int):
+    def __init__(self, llms: dict, path: Path, threads: int,
+                 compiled_for: list[str] | None = None):
         self._llms = llms
         self.path = path
         self.threads = threads
+        self.compiled_for = compiled_for or []
 
     @classmethod
     def open(cls, gguf: str | os.PathLike, n_ctx: int, threads: int | None = None,
              pld_tokens: int = PLD_TOKENS) -> LlamaCppAnchors | None:
         if not available():
             return None
+        import llama_cpp
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        from ragspec.bench.llama_build import compiled_features
 
         threads = threads or len(os.sched_getaffinity(0))
         common = dict(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads,
@@ -54,7 +61,9 @@ class LlamaCppAnchors:
                                   draft_model=LlamaPromptLookupDecoding(
                                       num_pred_tokens=pld_tokens)),
         }
-        return cls(llms, Path(gguf), threads)
+        info = getattr(llama_cpp, "llama_print_system_info", None)
+        features = compiled_features(info().decode()) if info else {}
+        return cls(llms, Path(gguf), threads, [name for name, on in features.items() if on])
 
     def generate(self, method: str, prompt_ids: Sequence[int], max_new_tokens: int,
                  eos_ids: set[int], stop=None) -> tuple[list[int], float, float]:

@@ -9,8 +9,9 @@ Methods (all greedy, all capped at max_new_tokens):
     greedy     ragspec's engine with speculation off: the baseline of the engine methods;
     ragspec    the engine with its default speculation (adaptive n-gram drafts);
     hf_greedy  transformers' model.generate(do_sample=False) as a transformers user runs it:
-               the same weights in fp32 (4-bit layers off), transformers' own attention (sdpa)
-               and cache, for these runs only;
+               fp32 weights (de-quantised from the same file when the engine runs packed
+               weights: a second, stock model object), transformers' own attention (sdpa) and
+               cache;
     hf_pld     the same with prompt_lookup_num_tokens=10: transformers' own prompt lookup;
     oracle     the engine drafting the true greedy continuation (greedy's output), max_draft at a
                time: the ceiling for any drafter on this machine;
@@ -18,8 +19,9 @@ Methods (all greedy, all capped at max_new_tokens):
                (ragspec.bench.llamacpp).
 
 identical_to_greedy compares token ids with greedy's output; for greedy itself it compares with
-hf_greedy's (the engine against transformers, when both run the same weights: see the README),
-for llamacpp_pld with llamacpp's; llamacpp's own is not compared (null).
+model.generate on the engine's own model object (hf_greedy's output when that runs the same
+weights; else an untimed model.generate on the packed model), for llamacpp_pld with llamacpp's;
+llamacpp's own is not compared (null).
 
 Every method ends an answer by the same repetition stop rule the product uses (`repeat`, by
 default ragspec.pipeline.ANSWER_REPEAT): the engine methods in the engine, the transformers
@@ -118,16 +120,12 @@ STOCK_ATTENTION = "sdpa"
 
 @contextmanager
 def stock_transformers(model) -> Iterator[None]:
-    """The model as transformers runs it, for the duration of the block: its own attention and
-    fp32 weights (ragspec's 4-bit layers off); the weights stay where they are."""
-    from ragspec.decoding.quant import fp32_weights
-
+    """The model as transformers runs it, for the duration of the block: its own attention."""
     own = model.config._attn_implementation
     if own != STOCK_ATTENTION:
         model.set_attn_implementation(STOCK_ATTENTION)
     try:
-        with fp32_weights(model):
-            yield
+        yield
     finally:
         if own != STOCK_ATTENTION:
             model.set_attn_implementation(own)
@@ -138,12 +136,14 @@ class Runner:
 
     def __init__(self, generator, draft: DraftConfig | None = None, pld_tokens: int = PLD_TOKENS,
                  anchors=None, stock: bool = True, methods: Sequence[str] | None = None,
-                 repeat: RepeatConfig | None = None):
+                 stock_model=None, repeat: RepeatConfig | None = None):
         """anchors: an ragspec.bench.llamacpp.LlamaCppAnchors, to run the llama.cpp methods too.
         stock: run hf_greedy/hf_pld as transformers runs the model (fp32, sdpa); False runs
             model.generate on the model exactly as the engine runs it (ragspec's attention and
             4-bit layers): the reference of the engine's greedy identity.
         methods: run only these (see `select_methods`); default all that can run.
+        stock_model: the model hf_greedy/hf_pld run when it is not the engine's own (an fp32
+            transformers model beside a packed one).
         repeat: the stop rule every method applies (default: the product's, ANSWER_REPEAT); a
             repetition penalty is not supported (transformers' and llama.cpp's differ)."""
         if repeat is None:
@@ -156,6 +156,7 @@ class Runner:
         self.repeat = repeat
         self.gen = generator
         self.stock = stock
+        self.stock_model = stock_model if stock_model is not None else generator.model
         self.draft = draft or DraftConfig()
         self.pld_tokens = pld_tokens
         self.anchors = anchors
@@ -208,13 +209,21 @@ class Runner:
             return lambda token: False
         return RepetitionGuard(self.repeat.stop_ngram, self.repeat.stop_count).push
 
+    def same_model_greedy(self, prompt_ids, max_new_tokens: int) -> list[int]:
+        """model.generate on the engine's own model object, untimed: the reference of greedy's
+        identity when hf_greedy runs another model object."""
+        return self._hf(prompt_ids, max_new_tokens, {}, model=self.gen.model, stock=False).token_ids
+
     @torch.inference_mode()
-    def _hf(self, prompt_ids, max_new_tokens: int, extra: dict) -> MethodRun:
-        model, gen = self.gen.model, self.gen
+    def _hf(self, prompt_ids, max_new_tokens: int, extra: dict, model=None,
+            stock: bool | None = None) -> MethodRun:
+        gen = self.gen
+        model = self.stock_model if model is None else model
+        stock = self.stock if stock is None else stock
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=gen.device)
         eos = sorted(gen.eos_token_ids)
         pad = getattr(gen.tokenizer, "pad_token_id", None)
-        with stock_transformers(model) if self.stock else contextlib.nullcontext():
+        with stock_transformers(model) if stock else contextlib.nullcontext():
             start = time.perf_counter()
             timer = _first_token_timer(start)
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -309,6 +318,9 @@ def bench_question(runner: Runner, index: int, item: Prepared, max_new_tokens: i
         ref = REFERENCE.get(m, "greedy")
         identical = None if ref is None or ref not in runs else all(
             r.token_ids == runs[ref][0].token_ids for r in runs[m])
+        if m == "greedy" and runner.stock_model is not runner.gen.model:
+            same = runner.same_model_greedy(item.prompt_ids, max_new_tokens)
+            identical = all(r.token_ids == same for r in runs[m])
         results[m] = best.to_dict(identical)
         results[m]["runs_seconds"] = [r.seconds for r in runs[m]]
     q = item.question

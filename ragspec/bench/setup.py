@@ -28,12 +28,14 @@ class Setup:
     prepared: list[Prepared] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     anchors: object = None  # ragspec.bench.llamacpp.LlamaCppAnchors, or None
+    stock_model: object = None  # the fp32 model hf_greedy runs beside a packed one, or None
 
 
 def build_setup(model: str | None, corpus: str, index: str | None,
                 questions: Sequence[Question], max_new_tokens: int,
                 log: Callable[[str], None] = lambda message: None,
-                llamacpp: bool | None = None) -> Setup:
+                llamacpp: bool | None = None, weights: str = "auto",
+                methods: Sequence[str] | None = None) -> Setup:
     """Load the model, ingest `corpus` (into a temporary index, or into `index`, where unchanged
     files are skipped) and build every question's prompt with the real pipeline.
 
@@ -42,7 +44,15 @@ def build_setup(model: str | None, corpus: str, index: str | None,
     a corpus file or a question that fails is listed in Setup.failures and the rest go on."""
     from ragspec.loading import describe_device, load_generator, open_store
 
-    loaded, generator = load_generator(model)
+    loaded, generator = load_generator(model, weights=weights)
+    stock = None
+    wants_hf = methods is None or any(m.startswith("hf_") for m in methods)
+    if loaded.weights not in ("fp32", "bf16") and wants_hf:
+        from ragspec.decoding.model import load_model
+        from ragspec.loading import model_cache_dir
+
+        log("Loading the de-quantised fp32 model for the transformers baselines ...")
+        stock = load_model(model, model_cache_dir(), weights="fp32").model
     # llama.cpp's prompt-lookup context keeps float32 logits for every position it may hold
     # (n_ctx x vocabulary: 0.8 GB at 4096 for SmolLM2), so it gets the room a RAG prompt needs
     anchors = _open_anchors(model, llamacpp, min(generator.context_length, ANCHOR_CONTEXT), log)
@@ -51,7 +61,8 @@ def build_setup(model: str | None, corpus: str, index: str | None,
         log(f"Ingesting {corpus} ...")
         failures = ingest_corpus(store, corpus)
         prepared = prepare_prompts(generator, store, questions, max_new_tokens, failures)
-    return Setup(loaded.name, describe_device(loaded), generator, prepared, failures, anchors)
+    return Setup(loaded.name, describe_device(loaded), generator, prepared, failures, anchors,
+                 stock)
 
 
 def ingest_corpus(store, corpus: str) -> list[str]:

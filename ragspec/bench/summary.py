@@ -120,12 +120,17 @@ def ratios(entries: list[dict], methods: Sequence[str]) -> dict:
 
 
 def build_results(model: str, device: str, max_new_tokens: int, entries: list[dict],
-                  repeats: int = 1) -> dict:
+                  repeats: int = 1, llamacpp_build: list[str] | None = None) -> dict:
+    """The results file's object. llamacpp_build: the instruction sets the llama.cpp methods'
+    library was compiled for (recorded when they ran)."""
     methods = list(entries[0]["results"]) if entries else list(METHODS)
-    return {"model": model, "device": device, "max_new_tokens": max_new_tokens,
-            "repeats": repeats, "methods": methods, "questions": entries,
-            "summary": summarize(entries, methods), "ratios": ratios(entries, methods),
-            "looping": looping_counts(entries)}
+    results = {"model": model, "device": device, "max_new_tokens": max_new_tokens,
+               "repeats": repeats, "methods": methods, "questions": entries,
+               "summary": summarize(entries, methods), "ratios": ratios(entries, methods),
+               "looping": looping_counts(entries)}
+    if llamacpp_build is not None:
+        results["llamacpp_build"] = llamacpp_build
+    return results
 
 
 def _fmt(value, spec: str, suffix: str = "") -> str:

@@ -12,6 +12,7 @@ from ragspec.commands.common import (
     build_config,
     draft_options,
     generator_from_options,
+    generator_option,
     index_option,
     min_score_option,
     model_options,
@@ -20,7 +21,7 @@ from ragspec.commands.common import (
     search_mode_option,
 )
 from ragspec.retrieval.errors import RetrievalError
-from ragspec.terminal import printable, render_spans, stats_line
+from ragspec.terminal import legend, printable, render_spans, stats_line
 
 
 @click.command()
@@ -38,9 +39,10 @@ from ragspec.terminal import printable, render_spans, stats_line
 @sampling_options
 @draft_options
 @model_options
+@generator_option
 def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_json,
         temperature, top_p, top_k, seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec,
-        device, exact):
+        device, exact, weights, generator_url):
     """Answer QUESTION from your indexed documents.
 
     The top-k passages go into the prompt, numbered; the answer streams with the spans that were
@@ -61,6 +63,9 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
         raise click.UsageError("the question is empty")
     if compare and no_spec:
         raise click.UsageError("--compare already runs without speculation; drop --no-spec")
+    if compare and generator_url:
+        raise click.UsageError("--compare needs the model in this process; a --generator "
+                               "server speculates (or not) by its own settings")
     config = build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
                           max_ngram, max_draft)
     store = open_store(index, require_documents=True)
@@ -73,12 +78,13 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
     if retrieval.refused:
         _print_refusal(retrieval, as_json)
         return
-    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
+    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json,
+                                         weights=weights, generator_url=generator_url)
 
-    from ragspec.pipeline import Pipeline, PipelineConfig
+    from ragspec.pipeline import PipelineConfig, pipeline_for
 
-    pipeline = Pipeline(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens,
-                                                   search=search_mode, min_score=min_score))
+    pipeline = pipeline_for(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens,
+                                                       search=search_mode, min_score=min_score))
     try:
         prepared = pipeline.prepare_retrieved(retrieval)
         streams = []
@@ -88,10 +94,20 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
         streams.append(("speculation on" if compare else "", pipeline.stream(prepared, config)))
     except (RetrievalError, ValueError) as exc:  # a missing embedder, a question too long...
         raise click.ClickException(str(exc)) from exc
+    from ragspec.remote import RemoteGeneratorError
+
+    try:
+        _print(question, prepared, streams, loaded.name, retrieval, as_json,
+               config.sampling.greedy)
+    except RemoteGeneratorError as exc:
+        raise click.ClickException(printable(str(exc))) from exc
+
+
+def _print(question, prepared, streams, model_name, retrieval, as_json, greedy) -> None:
     if as_json:
-        _print_json(question, prepared, streams, loaded.name, retrieval)
+        _print_json(question, prepared, streams, model_name, retrieval)
     else:
-        _print_text(prepared, streams, config.sampling.greedy)
+        _print_text(prepared, streams, greedy)
 
 
 def _print_refusal(retrieval, as_json: bool) -> None:
@@ -149,15 +165,19 @@ def _print_text(prepared, streams, greedy: bool) -> None:
 
     from ragspec.describe import identical_verdict, passage_label, seconds_speedup, stop_note
     from ragspec.pipeline import passages_to_dicts
-    from ragspec.terminal import LEGEND
 
     console = Console(highlight=False, soft_wrap=True)
     results = []
     for label, stream in streams:
         if label:
             console.print(f"[bold]── {label} ──[/]")
-        for span in stream:
-            render_spans([span], console)
+        if getattr(stream, "remote", False):
+            # A server's final spans may differ from the live ones (ragspec serve reports its
+            # drafts with the last chunk): print the answer once it is complete.
+            render_spans(stream.result().spans, console)
+        else:
+            for span in stream:
+                render_spans([span], console)
         console.print()
         results.append(stream.result())
         console.print(f"[dim]{stats_line(results[-1].stats)}[/]")
@@ -169,7 +189,7 @@ def _print_text(prepared, streams, greedy: bool) -> None:
         _, verdict = identical_verdict(base.token_ids, spec.token_ids, greedy)
         console.print(f"speedup {seconds_speedup(base.stats.seconds, spec.stats.seconds):.2f}× · "
                       f"{verdict}")
-    console.print(f"[dim]{LEGEND}[/]")
+    console.print(f"[dim]{legend(results[-1].spans)}[/]")
     console.print("[bold]Passages[/]")
     for i, p in enumerate(passages_to_dicts(prepared, results[-1].spans)):
         copied = sum(e - s for s, e in p["copied"])

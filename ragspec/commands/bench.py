@@ -17,10 +17,12 @@ import click
 from ragspec.bench import runner as core
 from ragspec.bench import summary as summary
 from ragspec.bench.llamacpp import LLAMACPP_METHODS
-from ragspec.commands.common import corpus_option, limit_option, reuse_index_option
+from ragspec.commands.common import corpus_option, limit_option
+from ragspec.decoding.weights import WEIGHTS
 
 
-def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) -> core.Setup:
+def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, weights="auto",
+                methods=None) -> core.Setup:
     """ragspec.bench.runner.build_setup with errors as one clear line (tests replace this)."""
     from ragspec.decoding.model import ModelNotFound
     from ragspec.retrieval.errors import RetrievalError
@@ -28,7 +30,7 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) 
     try:
         return core.build_setup(model, corpus, index, questions, max_new_tokens,
                                 log=lambda message: click.echo(message, err=True),
-                                llamacpp=llamacpp)
+                                llamacpp=llamacpp, weights=weights, methods=methods)
     except (ModelNotFound, RetrievalError, core.BenchInputError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -43,7 +45,10 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) 
 @click.option("--model", default=None, metavar="M",
               help="Model folder or Hugging Face id in the local cache (default: bundled).")
 @limit_option
-@reuse_index_option
+@click.option("--index", default=None, metavar="INDEX",
+              help="Reuse this index (a folder, milvus:PATH.db or "
+                   "milvus://HOST:PORT/COLLECTION; the corpus is ingested into it, unchanged "
+                   "files are skipped) instead of a temporary one.")
 @click.option("--out", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="Write results.json here.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",
@@ -60,10 +65,14 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None) 
 @click.option("--methods", default=None, metavar="M,M...",
               help="Run only these methods (and their baselines; greedy always). Without a "
                    "method's reference (hf_greedy for greedy) its identity is not checked.")
+@click.option("--weights", type=click.Choice(WEIGHTS), default="auto", show_default=True,
+              help="The engine's weights (see `ragspec ask --help`); with packed weights the "
+                   "transformers baselines run the de-quantised fp32 model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
 def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
           limit: int | None, index: str | None, out: str | None, plot_path: str | None,
-          repeats: int, llamacpp: bool | None, methods: str | None, as_json: bool) -> None:
+          repeats: int, llamacpp: bool | None, methods: str | None, weights: str,
+          as_json: bool) -> None:
     """Benchmark ragspec against greedy decoding, transformers' prompt lookup and an oracle.
 
     Ingests DIR, builds each question's prompt with the real pipeline, then runs on every
@@ -89,19 +98,21 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
         raise click.ClickException(str(exc)) from exc
     if llamacpp is None and chosen is not None and not set(chosen) & set(LLAMACPP_METHODS):
         llamacpp = False  # none of its methods will run: do not load llama.cpp at all
-    setup = build_setup(model, corpus, index, questions, max_new_tokens, llamacpp)
+    setup = build_setup(model, corpus, index, questions, max_new_tokens, llamacpp, weights,
+                        chosen)
     for failure in setup.failures:
         click.echo(f"warning: {failure}", err=True)
     if not setup.prepared:
         raise click.ClickException("no question could be prepared; nothing to benchmark")
     try:
-        runner = core.Runner(setup.generator, anchors=setup.anchors,
-                             methods=chosen)
+        runner = core.Runner(setup.generator, anchors=setup.anchors, methods=chosen,
+                             stock_model=setup.stock_model)
     except core.BenchInputError as exc:
         raise click.UsageError(str(exc)) from exc
     entries = _run_with_progress(runner, setup, max_new_tokens, repeats)
-    results = summary.build_results(setup.model_name, setup.device, max_new_tokens, entries,
-                                    repeats)
+    results = summary.build_results(
+        setup.model_name, setup.device, max_new_tokens, entries, repeats,
+        llamacpp_build=None if setup.anchors is None else setup.anchors.compiled_for)
     _report(results, setup, out, plot_path, as_json)
     if setup.failures:
         click.echo(f"{len(setup.failures)} input(s) failed: "
@@ -137,6 +148,8 @@ def _report(results: dict, setup: core.Setup, out: str | None, plot_path: str | 
     click.echo(f"{setup.model_name} on {setup.device}, {results['max_new_tokens']} new tokens, "
                f"{len(results['questions'])} questions"
                + (f", fastest of {repeats} runs each" if repeats > 1 else ""))
+    if "llamacpp_build" in results:
+        click.echo(f"llama.cpp compiled for: {', '.join(results['llamacpp_build']) or '-'}")
     click.echo(summary.format_table(results))
 
 

@@ -19,13 +19,13 @@ from ragspec.commands.common import json_option, model_options
               help="Measure forwards over 1 to max-draft + 1 tokens.")
 @model_options
 @json_option
-def calibrate(show, plot_path, max_draft, model_spec, device, exact, as_json):
+def calibrate(show, plot_path, max_draft, model_spec, device, exact, weights, as_json):
     """Measure what a forward over n new tokens costs here, for the draft policy.
 
     A verify step over a draft of k tokens is a forward over k + 1 tokens; on a CPU it costs
     more than a one-token step, and how much more decides how long a draft pays. The curve is
-    measured once per model, device, dtype and thread count (interleaved rounds, a low quantile
-    of each size) and cached next to the converted models; a measurement disturbed by other
+    measured once per model, device, weights and thread count, after a short and a long context
+    (interleaved rounds, a low quantile of each size) and cached next to the converted models; a measurement disturbed by other
     work on the machine is used but not cached. Run this on an idle machine to refresh it.
     """
     from ragspec.decoding import calibrate as cal
@@ -33,7 +33,7 @@ def calibrate(show, plot_path, max_draft, model_spec, device, exact, as_json):
 
     cache = paths.models_dir()
     try:
-        loaded = load_model(model_spec, cache, device=device, exact=exact)
+        loaded = load_model(model_spec, cache, device=device, exact=exact, weights=weights)
     except ModelNotFound as exc:
         raise click.ClickException(str(exc)) from exc
     key = cal.cost_key(loaded.model, loaded.device, loaded.dtype)
@@ -61,17 +61,26 @@ def calibrate(show, plot_path, max_draft, model_spec, device, exact, as_json):
 def _print(calibration, key: str, path, saved: bool) -> None:
     from ragspec.decoding.calibrate import MAX_SPREAD
 
+    far = calibration.far_seconds
+    contexts = (f"{calibration.context} and {calibration.far_context}" if far
+                else f"{calibration.context}")
     click.echo(f"{key}\nmeasured {calibration.measured_at}, {calibration.rounds} rounds after "
-               f"{calibration.context} cached tokens, spread {calibration.spread:.0%}")
+               f"{contexts} cached tokens, spread {calibration.spread:.0%}")
     if saved:
         click.echo(f"cached in {path}")
     else:
         click.echo(f"not cached: the spread is over {MAX_SPREAD:.0%}, so the machine was busy; "
                    f"measure again when it is idle")
     base = calibration.seconds[0]
-    click.echo(f"{'tokens':>6}  {'ms':>7}  {'x c(1)':>6}")
+    head = f"{'tokens':>6}  {'ms':>7}  {'x c(1)':>6}"
+    if far:
+        head += f"   at {calibration.far_context}: {'ms':>7}  {'x c(1)':>6}"
+    click.echo(head)
     for n, seconds in enumerate(calibration.seconds, 1):
-        click.echo(f"{n:>6}  {1000 * seconds:>7.1f}  {seconds / base:>6.2f}")
+        line = f"{n:>6}  {1000 * seconds:>7.1f}  {seconds / base:>6.2f}"
+        if far:
+            line += f"   {' ' * (len(str(calibration.far_context)) + 4)}{1000 * far[n - 1]:>7.1f}  {far[n - 1] / far[0]:>6.2f}"
+        click.echo(line)
 
 
 def _plot(calibration, key: str, path: str) -> None:
@@ -82,7 +91,12 @@ def _plot(calibration, key: str, path: str) -> None:
 
     sizes = range(1, len(calibration.seconds) + 1)
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot(sizes, [1000 * s for s in calibration.seconds], marker="o")
+    ax.plot(sizes, [1000 * s for s in calibration.seconds], marker="o",
+            label=f"after {calibration.context} tokens")
+    if calibration.far_seconds:
+        ax.plot(sizes, [1000 * s for s in calibration.far_seconds], marker="s",
+                label=f"after {calibration.far_context} tokens")
+        ax.legend(fontsize=8)
     ax.set_xlabel("tokens in the forward (draft length + 1)")
     ax.set_ylabel("ms per forward")
     ax.set_ylim(bottom=0)

@@ -42,7 +42,8 @@ def chats() -> None:
 @chats.command("list")
 @json_option
 def list_chats(as_json: bool) -> None:
-    """The saved chats, most recently updated first: id, last update, messages, title."""
+    """The saved chats, most recently updated first: id, last update, messages, the user whose
+    chat it is (with accounts), title. Every user's chats are listed."""
     summaries = chat_store().list()
     if as_json:
         click.echo(json.dumps([s.to_dict() for s in summaries], ensure_ascii=False, indent=1))
@@ -50,7 +51,9 @@ def list_chats(as_json: bool) -> None:
     if not summaries:
         click.echo(f"No saved chats in {chat_store().root}.")
     for s in summaries:
-        click.echo(f"{s.id}  {s.updated_at}  {s.messages:3d} messages  {printable(s.title)}")
+        owner = f"  [{printable(s.user)}]" if s.user else ""
+        click.echo(f"{s.id}  {s.updated_at}  {s.messages:3d} messages{owner}  "
+                   f"{printable(s.title)}")
 
 
 @chats.command("show")

@@ -16,9 +16,9 @@ from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH
 from ragspec.terminal import printable
 
 index_option = click.option(
-    "--index", "index", metavar="DIR", default=None,
-    type=click.Path(file_okay=False, dir_okay=True),
-    help="Index directory (default: $RAGSPEC_HOME/index).",
+    "--index", "index", metavar="INDEX", default=None,
+    help="Index: a folder (default: $RAGSPEC_HOME/index), milvus:PATH.db (Milvus Lite) or "
+         "milvus://HOST:PORT/COLLECTION (a Milvus server; token in RAGSPEC_MILVUS_TOKEN).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout.")
 # For the commands that ingest a corpus into a scratch index (bench, eval).
@@ -47,17 +47,40 @@ min_score_option = click.option(
 
 
 def model_options(f):
-    """--model/--device/--exact, shared by the commands that load the generator."""
+    """--model/--weights/--device/--exact, shared by the commands that load the generator."""
+    from ragspec.decoding.weights import WEIGHTS
+
     f = click.option("--exact", is_flag=True,
-                     help="fp32 weights everywhere: no bf16 on a GPU, no 4-bit decode steps on "
-                          "a CPU even with RAGSPEC_INT4=1 (greedy output then matches "
-                          "model.generate token for token).")(f)
+                     help="On a GPU: fp32 instead of bf16, so greedy output matches "
+                          "model.generate token for token (on a CPU it always does).")(f)
+    f = click.option("--weights", type=click.Choice(WEIGHTS), default="auto", show_default=True,
+                     help="What the model's layers compute with. gguf: a GGUF file's own "
+                          "quantisation, kept packed; int8/int4/bf16: the model quantised once "
+                          "into the model cache; fp32: de-quantised weights in transformers' "
+                          "layers. auto: gguf for a .gguf file and int8 for a model folder on a "
+                          "CPU, fp32 (bf16) on a GPU.")(f)
     f = click.option("--device", default=None, metavar="DEV",
                      help="torch device (default: cuda if available, else cpu).")(f)
     f = click.option("--model", "model_spec", default=None, metavar="M",
                      help="Hugging Face model folder or cached id (default: the bundled "
                           "SmolLM2-135M-Instruct).")(f)
     return f
+
+
+def _check_url(ctx, param, value):
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"want a server's http(s) URL, like http://127.0.0.1:8000/v1; "
+                                 f"got {value!r}")
+    return value
+
+
+def generator_option(f):
+    """--generator URL: generate on an OpenAI-compatible server instead of in this process."""
+    return click.option(
+        "--generator", "generator_url", default=None, metavar="URL", callback=_check_url,
+        help="Generate on an OpenAI-compatible server (vLLM, llama.cpp's server, ragspec "
+             "serve, ...): its /v1 base URL, e.g. http://127.0.0.1:8000/v1, or URL#MODEL to "
+             "pick a model id. API key from RAGSPEC_GENERATOR_KEY. Retrieval stays here.")(f)
 
 
 def draft_options(f):
@@ -103,10 +126,23 @@ def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_ad
 
 
 def generator_from_options(model_spec: str | None, device: str | None = None, exact: bool = False,
-                           max_draft: int = 16, quiet: bool = False):
+                           max_draft: int = 16, quiet: bool = False, weights: str = "auto",
+                           generator_url: str | None = None):
     """Load as ragspec.loading.load_generator does, with progress notes on stderr and errors as one
     clear line.
-    A model that cannot speculate (its layers cannot be rolled back) is said so once."""
+    A model that cannot speculate (its layers cannot be rolled back) is said so once.
+    generator_url: connect to that server instead (ragspec.remote); --model must be unset."""
+    if generator_url is not None:
+        from ragspec.remote import RemoteGeneratorError, connect
+
+        if model_spec is not None:
+            raise click.UsageError("--model and --generator exclude each other: the server "
+                                   "has its model (pick one with URL#MODEL)")
+        try:
+            return connect(generator_url)
+        except RemoteGeneratorError as exc:
+            raise click.ClickException(printable(str(exc))) from exc
+    from ragspec.decoding import native
     from ragspec.decoding.calibrate import COSTS_FILE
     from ragspec.decoding.model import BUNDLED, ModelNotFound, load_model
     from ragspec.loading import generator_for
@@ -119,8 +155,12 @@ def generator_from_options(model_spec: str | None, device: str | None = None, ex
             click.echo(f"Converting {printable(what)} once (tens of seconds, longer for large "
                        f"files)...", err=True)
 
+    if not quiet and weights != "fp32" and native.needs_build(cache):
+        click.echo("Building ragspec's CPU kernels for this machine once (about a minute)...",
+                   err=True)
     try:
-        loaded = load_model(model_spec, cache, device=device, exact=exact, on_convert=converting)
+        loaded = load_model(model_spec, cache, device=device, exact=exact, weights=weights,
+                            on_convert=converting)
     except ModelNotFound as exc:
         raise click.ClickException(printable(str(exc))) from exc
     if not quiet and loaded.speculation_note:
@@ -140,6 +180,8 @@ def open_store(index: str | None, *, with_embedder: bool = True,
         store = loading.open_store(index, with_embedder=with_embedder)
     except RetrievalError as exc:
         raise click.ClickException(str(exc)) from exc
+    except ValueError as exc:  # a malformed Milvus location
+        raise click.UsageError(str(exc)) from exc
     if require_documents and store.passage_count() == 0:
         raise click.ClickException(
             f"no documents in the index at {store.index_dir}: add some with "

@@ -12,10 +12,11 @@ from ragspec.commands.common import (
     build_config,
     draft_options,
     generator_from_options,
+    generator_option,
     model_options,
     sampling_options,
 )
-from ragspec.terminal import render_spans, stats_line
+from ragspec.terminal import legend, printable, render_spans, stats_line
 
 MAX_PROMPT_FILE_BYTES = 4 * 1024 * 1024
 
@@ -49,8 +50,10 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 @sampling_options
 @draft_options
 @model_options
+@generator_option
 def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperature, top_p, top_k,
-             seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec, device, exact):
+             seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec, device, exact,
+             weights, generator_url):
     """Generate a continuation of a prompt with n-gram speculation.
 
     Drafts are copied from the prompt and the output so far and verified by the model in one
@@ -66,7 +69,14 @@ def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperatur
     text = read_prompt(prompt, prompt_file)
     config = build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_adaptive,
                           max_ngram, max_draft, stop)
-    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json)
+    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json,
+                                         weights=weights, generator_url=generator_url)
+    if generator_url is not None:
+        if raw:
+            raise click.UsageError("--raw needs the model's tokenizer here; a --generator "
+                                   "server applies its own chat template")
+        _remote(gen, text, config, loaded.name, as_json)
+        return
 
     from ragspec.decoding.model import chat_prompt_ids
 
@@ -96,6 +106,26 @@ def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperatur
     err = Console(stderr=True, highlight=False)
     err.print(f"[dim]{stats_line(stream.stats)} · [black on green]highlighted[/] = accepted drafts[/]")
     sys.stdout.flush()
+
+
+def _remote(gen, text: str, config, model_name: str, as_json: bool) -> None:
+    """Generate on a server; spans copied word for word from the prompt are shown as quoted."""
+    from rich.console import Console
+
+    from ragspec.remote import RemoteGeneratorError
+
+    stream = gen.stream_messages([{"role": "user", "content": text}], config, [text])
+    try:
+        result = stream.result()
+    except RemoteGeneratorError as exc:
+        raise click.ClickException(printable(str(exc))) from exc
+    if as_json:
+        click.echo(json.dumps({**result.to_dict(), "model": model_name, "device": "remote"}))
+        return
+    render_spans(result.spans, Console(highlight=False, soft_wrap=True))
+    click.echo()
+    Console(stderr=True, highlight=False).print(
+        f"[dim]{stats_line(result.stats)} · {legend(result.spans)}[/]")
 
 
 COMMANDS = [generate]

@@ -81,9 +81,11 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_s
            commit_every: int, commit_seconds: float, as_json: bool) -> None:
     """Add files and folders to the index, or bring changed files up to date.
 
-    Supported: PDF, plain text, Markdown, HTML and Word (.docx) files. Unchanged files are
-    skipped (by content hash); changed files replace their old passages. A file that cannot be
-    read is reported and the others are still ingested; the exit status is then 1.
+    Supported: PDF, plain text, Markdown, HTML and Word (.docx) files. Text files in another
+    encoding than UTF-8 (UTF-16, Windows-1252, Shift_JIS, ...) are detected and read, and the
+    report names the encoding. Unchanged files are skipped (by content hash); changed files
+    replace their old passages. A file that cannot be read is reported and the others are still
+    ingested; the exit status is then 1.
 
     Finished files are committed in batches (--commit-every, --commit-seconds): if the command
     is interrupted, what was committed stays, and running it again finishes the rest. The index
@@ -124,14 +126,13 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_s
 def _print_report(report, store) -> None:
     from ragspec.retrieval.ingest import SUPPORTED_SUFFIXES
 
-    rows = ([("added", p, None) for p in report.added]
-            + [("updated", p, None) for p in report.updated]
-            + [("unchanged", p, None) for p in report.unchanged]
-            + [("FAILED", p, why) for p, why in report.failed]
-            + [("skipped", p, why) for p, why in report.links])
-    for label, path, why in rows:
-        reason = f": {printable(why)}" if why is not None else ""
-        click.echo(f"{label:<10} {printable(path)}{reason}")
+    rows = ([("added", p, _read_as(report, p)) for p in report.added]
+            + [("updated", p, _read_as(report, p)) for p in report.updated]
+            + [("unchanged", p, "") for p in report.unchanged]
+            + [("FAILED", p, f": {printable(why)}") for p, why in report.failed]
+            + [("skipped", p, f": {printable(why)}") for p, why in report.links])
+    for label, path, note in rows:
+        click.echo(f"{label:<10} {printable(path)}{note}")
     click.echo(
         f"{len(report.added)} added, {len(report.updated)} updated, "
         f"{len(report.unchanged)} unchanged, {len(report.failed)} failed; "
@@ -143,6 +144,11 @@ def _print_report(report, store) -> None:
             f"Skipped {len(report.skipped)} file(s) of other types inside folders "
             f"(supported: {', '.join(SUPPORTED_SUFFIXES)})."
         )
+
+
+def _read_as(report, path: str) -> str:
+    encoding = report.encodings.get(path)
+    return f" (read as {encoding})" if encoding else ""
 
 
 @click.command("list")

@@ -40,8 +40,10 @@ def streamlit_argv(port: int, host: str, max_file_bytes: int | None = None) -> l
 
 
 def streamlit_env(index: str | None, models: tuple[str, ...] = (),
-                  max_loaded: int | None = None) -> dict[str, str]:
-    """The server's environment: the index and the offered models (names and specs)."""
+                  max_loaded: int | None = None, auth: str | None = None) -> dict[str, str]:
+    """The server's environment: the index, the offered models (names and specs) and the
+    sign-in mode (see ragspec.accounts.binding; None: the page decides from the accounts)."""
+    from ragspec.accounts.binding import MODE_ENV
     from ragspec.web import model_choice as ui_models
 
     env = dict(os.environ)
@@ -53,7 +55,24 @@ def streamlit_env(index: str | None, models: tuple[str, ...] = (),
     env[ui_models.MODELS_ENV] = ui_models.to_env(ui_models.parse_choices(models or ()))
     if max_loaded is not None:
         env[ui_models.MAX_LOADED_ENV] = str(max_loaded)
+    if auth is not None:
+        env[MODE_ENV] = auth
+    else:
+        env.pop(MODE_ENV, None)
     return env
+
+
+def sign_in_mode(host: str, no_auth: bool) -> str:
+    """The chat's sign-in mode for this address (ragspec.accounts.binding); refusals and a
+    damaged accounts file are usage errors (exit 2)."""
+    from ragspec.accounts.binding import BindingRefused, auth_mode
+    from ragspec.accounts.files import AccountError
+    from ragspec.accounts.users import AccountStore
+
+    try:
+        return auth_mode(host, no_auth, not no_auth and AccountStore().has_accounts())
+    except (BindingRefused, AccountError) as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 @click.command()
@@ -61,27 +80,45 @@ def streamlit_env(index: str | None, models: tuple[str, ...] = (),
               help="Port to serve on.")
 @click.option("--host", default="localhost", show_default=True,
               help="Address to bind (0.0.0.0 to accept other machines).")
-@click.option("--index", default=None, metavar="DIR",
-              help="Index directory (default: $RAGSPEC_HOME/index).")
+@click.option("--index", default=None, metavar="INDEX",
+              help="Index: a folder (default: $RAGSPEC_HOME/index), milvus:PATH.db or "
+                   "milvus://HOST:PORT/COLLECTION.")
 @click.option("--model", "models", multiple=True, metavar="[NAME=]M",
               help="A model the chat offers (repeat for several; the browser picks among their "
                    "names and cannot name another): a model folder, a cached Hugging Face id, "
-                   "or 'bundled'. Default: the bundled SmolLM2-135M-Instruct.")
+                   "'bundled', or an OpenAI-compatible server's URL (http://host:port/v1, "
+                   "URL#MODEL for a model id; answers are generated there). Default: the "
+                   "bundled SmolLM2-135M-Instruct.")
 @click.option("--max-loaded", default=None, type=click.IntRange(min=1), metavar="N",
               help="Keep at most N of the offered models in memory (default: all of them).")
-def ui(port, host, index, models, max_loaded):
+@click.option("--no-auth", is_flag=True,
+              help="Serve without sign-in even on a network address (prints a warning on "
+                   "every start). Without it, another address than loopback needs an account.")
+def ui(port, host, index, models, max_loaded, no_auth):
     """Start the chat app in the browser: upload documents, ask, watch copied spans light up.
 
     Open the printed URL. The app shares its index with the CLI ($RAGSPEC_HOME or --index),
     keeps its chats in $RAGSPEC_HOME/chats (see `ragspec chats`), and refuses uploads over
     RAGSPEC_MAX_FILE_MB before they are buffered.
+
+    Sign-in: once `ragspec users add` has made an account, everyone signs in and sees only
+    their own chats. Without accounts the chat is single-user and serves only this machine
+    (localhost); on another address it refuses to start unless --no-auth is given.
     """
+    from ragspec.accounts.binding import NO_AUTH_WARNING
+    from ragspec.accounts.sessions import lifetime_seconds
+
+    mode = sign_in_mode(host, no_auth)
     try:
-        env = streamlit_env(index, models, max_loaded)
+        lifetime_seconds()  # a bad RAGSPEC_SESSION_HOURS is a usage error now, not at sign-in
+        env = streamlit_env(index, models, max_loaded, auth=mode)
         argv = streamlit_argv(port, host)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    click.echo(f"Starting ragspec on http://{host}:{port} (Ctrl-C to stop)", err=True)
+    if mode == "open":
+        click.secho(NO_AUTH_WARNING.format(where=f"{host}:{port}"), err=True, fg="yellow")
+    click.echo(f"Starting ragspec on http://{host}:{port} (Ctrl-C to stop)"
+               + ("; everyone signs in" if mode == "accounts" else ""), err=True)
     try:
         os.execve(sys.executable, argv, env)
     except OSError as exc:

@@ -11,19 +11,23 @@ tokens makes the policy draft long). So the measurement:
   * keeps a low quantile per size (load only ever adds time), then makes the curve monotone;
   * reports its spread (the median over sizes of (q75 - q25) / q25) and refuses to cache a
     curve whose spread says the machine was busy: the curve is still used for this process,
-    and measured again next time.
+    and measured again next time;
+  * measures every size after two context lengths (CONTEXT_TOKENS and FAR_CONTEXT, in the
+    same shuffled rounds): attention makes a forward dearer as the context grows, so the policy
+    and the live check take the curve at the context they are at.
 
 Cached curves live in one JSON file next to the converted models, keyed by model, shape,
-device, dtype, 4-bit layers and thread count, each with when and how it was measured.
-`CostWatch` compares live step times with the curve's shape; the engine re-measures when
-they disagree for a sustained stretch (ragspec.decoding.engine).
+device, weights and thread count, each with when and how it was measured; writers take a file
+lock, so two processes saving at once keep both entries. `CostWatch` compares live step times
+with the curve's shape at the same context; when they disagree for a sustained stretch the
+generator marks the curve due for a re-measure, which its owner runs between generations
+(ragspec.decoding.engine.Generator.recalibrate_if_due), never inside one.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import statistics
 import time
@@ -36,17 +40,19 @@ from pathlib import Path
 import torch
 
 from ragspec.decoding.cache import crop_cache, new_cache
+from ragspec.decoding.packed import packed_formats, step_forward
 from ragspec.decoding.policy import ForwardCost
-from ragspec.decoding.quant import int4_token_limit
+from ragspec.fileio import write_atomically
 
 COSTS_FILE = "forward_costs.json"  # in the model cache directory, one entry per cost_key
-CONTEXT_TOKENS = 512  # a typical RAG prompt's order of magnitude
+CONTEXT_TOKENS = 256  # a short prompt
+FAR_CONTEXT = 1024  # a RAG prompt with four passages
 ROUNDS = 9
 QUANTILE = 0.25
 MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
 # Part of every cache key: bump it when the engine's forward path or the measurement changes
-# what a forward costs (3: interleaved rounds, low quantile, spread check).
-CURVE_VERSION = 3
+# what a forward costs (3: interleaved rounds, low quantile, spread check; 4: two contexts).
+CURVE_VERSION = 4
 
 Clock = Callable[[], float]
 
@@ -54,16 +60,18 @@ Clock = Callable[[], float]
 @dataclass(frozen=True)
 class Calibration:
     """A measured curve and how it was measured. seconds[n-1] = cost of a forward over n new
-    tokens after `context` cached ones."""
+    tokens after `context` cached ones; far_seconds the same after `far_context` ones."""
 
     seconds: tuple[float, ...]
     spread: float
     rounds: int
     context: int
     measured_at: str  # ISO 8601, UTC
+    far_seconds: tuple[float, ...] = ()
+    far_context: int = 0
 
     def __post_init__(self) -> None:
-        if not self.seconds or any(not s > 0 for s in self.seconds):
+        if not self.seconds or any(not s > 0 for s in (*self.seconds, *self.far_seconds)):
             raise ValueError("a calibration needs a positive time for every size")
 
     @property
@@ -72,10 +80,13 @@ class Calibration:
 
     @property
     def cost(self) -> ForwardCost:
-        return ForwardCost(list(self.seconds))
+        if self.far_seconds and self.far_context > self.context:
+            return ForwardCost(list(self.seconds), self.context, list(self.far_seconds),
+                               self.far_context)
+        return ForwardCost(list(self.seconds), self.context)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "seconds": list(self.seconds)}
+        return {**asdict(self), "seconds": list(self.seconds), "far_seconds": list(self.far_seconds)}
 
     @classmethod
     def from_dict(cls, data) -> Calibration | None:
@@ -83,7 +94,9 @@ class Calibration:
         try:
             return cls(seconds=tuple(float(s) for s in data["seconds"]),
                        spread=float(data["spread"]), rounds=int(data["rounds"]),
-                       context=int(data["context"]), measured_at=str(data["measured_at"]))
+                       context=int(data["context"]), measured_at=str(data["measured_at"]),
+                       far_seconds=tuple(float(s) for s in data.get("far_seconds", ())),
+                       far_context=int(data.get("far_context", 0)))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -93,7 +106,8 @@ def cost_key(model, device: torch.device, dtype: torch.dtype) -> str:
     name = getattr(cfg, "_name_or_path", "") or cfg.model_type
     shape = (f"{cfg.model_type}-L{getattr(cfg, 'num_hidden_layers', '?')}"
              f"-H{getattr(cfg, 'hidden_size', '?')}")
-    variant = "int4" if int4_token_limit(model) else str(dtype).replace("torch.", "")
+    formats = packed_formats(model)
+    variant = "packed-" + "+".join(formats) if formats else str(dtype).replace("torch.", "")
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return f"{Path(str(name)).name}|{shape}|{device.type}|{variant}|t{threads}|v{CURVE_VERSION}"
 
@@ -105,44 +119,62 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def summarize(samples: list[list[float]], rounds: int, context: int) -> Calibration:
-    """samples[n-1]: the timings of size n -> a Calibration (low quantile, monotone, spread)."""
+def _curve(samples: list[list[float]]) -> tuple[float, ...]:
     curve = [quantile(s, QUANTILE) for s in samples]
     for i in range(1, len(curve)):  # non-decreasing in truth; what says otherwise is noise
         curve[i] = max(curve[i], curve[i - 1])
-    spreads = [(quantile(s, 0.75) - quantile(s, 0.25)) / quantile(s, 0.25) for s in samples]
-    return Calibration(tuple(curve), statistics.median(spreads), rounds, context,
-                       datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return tuple(curve)
+
+
+def summarize(samples: list[list[float]], rounds: int, context: int,
+              far: list[list[float]] | None = None, far_context: int = 0) -> Calibration:
+    """samples[n-1]: the timings of size n (far: the same at far_context) -> a Calibration
+    (low quantile, monotone, spread over every size of both)."""
+    spreads = [(quantile(s, 0.75) - quantile(s, 0.25)) / quantile(s, 0.25)
+               for s in (*samples, *(far or ()))]
+    return Calibration(_curve(samples), statistics.median(spreads), rounds, context,
+                       datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       _curve(far) if far else (), far_context if far else 0)
 
 
 @torch.inference_mode()
 def measure(model, max_tokens: int, context: int = CONTEXT_TOKENS, rounds: int = ROUNDS,
-            clock: Clock = time.perf_counter) -> Calibration:
-    """Time a forward over n = 1..max_tokens new tokens after `context` cached ones, every
-    size once per round, in a shuffled order per round (see the module docstring)."""
+            clock: Clock = time.perf_counter, far_context: int | None = FAR_CONTEXT
+            ) -> Calibration:
+    """Time a forward over n = 1..max_tokens new tokens after `context` cached ones (and after
+    `far_context` ones, unless None), every (size, context) once per round, in a shuffled order
+    per round (see the module docstring)."""
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
-    context = min(context, int(getattr(model.config, "max_position_embeddings", 2048)) - max_tokens)
+    room = int(getattr(model.config, "max_position_embeddings", 2048)) - max_tokens
+    contexts = [min(context, room)]
+    if far_context is not None and min(far_context, room) > contexts[0]:
+        contexts.append(min(far_context, room))
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(device)
-    cache = new_cache(model)
-    model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
-    base = cache.get_seq_length()
+    caches = []
+    for length in contexts:
+        cache = new_cache(model)
+        prompt = torch.randint(0, vocab, (1, length), generator=gen).to(device)
+        model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+        caches.append((cache, cache.get_seq_length()))
     inputs = [torch.randint(0, vocab, (1, n), generator=gen).to(device)
               for n in range(1, max_tokens + 1)]
-    samples: list[list[float]] = [[] for _ in inputs]
+    samples = [[[] for _ in inputs] for _ in contexts]
     order = random.Random(0)
+    cells = [(c, i) for c in range(len(contexts)) for i in range(max_tokens)]
     for round_ in range(rounds + 1):  # round 0 warms every shape up and is not kept
-        sizes = list(range(max_tokens))
-        order.shuffle(sizes)
-        for i in sizes:
+        order.shuffle(cells)
+        for c, i in cells:
+            cache, base = caches[c]
             start = clock()
-            logits = model(input_ids=inputs[i], cache=cache, use_cache=True).logits
+            with step_forward():  # timed as the engine runs verify forwards
+                logits = model(input_ids=inputs[i], cache=cache, use_cache=True).logits
             logits[0].float().argmax(-1).tolist()  # includes the device sync and read-back
             if round_:
-                samples[i].append(clock() - start)
+                samples[c][i].append(clock() - start)
             crop_cache(cache, base)
-    return summarize(samples, rounds, context)
+    far = samples[1] if len(contexts) > 1 else None
+    return summarize(samples[0], rounds, contexts[0], far, contexts[-1])
 
 
 def cached(model, device: torch.device, dtype: torch.dtype, cache_dir: Path | None,
@@ -157,14 +189,17 @@ def cached(model, device: torch.device, dtype: torch.dtype, cache_dir: Path | No
 
 def save(model, device: torch.device, dtype: torch.dtype, cache_dir: Path,
          calibration: Calibration) -> None:
-    """Store a calibration (atomically; other models' entries are kept)."""
+    """Store a calibration: read, update and replace the file under a lock (a second process
+    saving at the same time waits, then adds its entry to what the first wrote), atomically
+    (readers see the old file or the new one); other models' entries are kept."""
+    from filelock import FileLock
+
     path = Path(cache_dir) / COSTS_FILE
-    table = _read_table(cache_dir)
-    table[cost_key(model, device, dtype)] = calibration.to_dict()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    tmp.replace(path)
+    with FileLock(str(path) + ".lock", timeout=60):
+        table = _read_table(cache_dir)
+        table[cost_key(model, device, dtype)] = calibration.to_dict()
+        write_atomically(path, json.dumps(table, indent=1))
 
 
 def _read_table(cache_dir: Path | None) -> dict:
@@ -204,14 +239,15 @@ def load_or_measure(model, device: torch.device, dtype: torch.dtype, max_tokens:
 
 
 class CostWatch:
-    """Live step times against the curve's shape.
+    """Live step times against the curve's shape, like with like.
 
-    observe(n, seconds) after every verify forward over n tokens. `verdict(cost)` is True when,
-    over recent steps, the cost of n-token forwards relative to one-token forwards differs from
-    what the curve says by more than `tolerance` for most sizes seen often enough; False when
-    they agree; None while too few steps were seen to tell. A uniform
-    slowdown (a busy machine) changes no ratio and is not a disagreement: only the shape
-    matters to the policy.
+    observe(n, seconds, context) after every verify forward over n tokens with `context` tokens
+    cached. `verdict(cost)` divides every sample by what the curve says at its own size and
+    context, and is True when, over recent steps, n-token forwards relative to one-token
+    forwards disagree with the curve by more than `tolerance` for most sizes seen often enough;
+    False when they agree; None while too few steps were seen to tell. A uniform slowdown (a
+    busy machine) changes no ratio and is not a disagreement: only the shape matters to the
+    policy.
     """
 
     def __init__(self, window: int = 48, min_samples: int = 8, tolerance: float = 1.35):
@@ -220,24 +256,26 @@ class CostWatch:
         self.tolerance = tolerance
         self._samples: dict[int, deque[float]] = {}
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        self._samples.setdefault(tokens, deque(maxlen=self.window)).append(seconds)
+    def observe(self, tokens: int, seconds: float, context: int | None = None) -> None:
+        self._samples.setdefault(tokens, deque(maxlen=self.window)).append((seconds, context))
 
     def reset(self) -> None:
         self._samples.clear()
 
     def verdict(self, cost: ForwardCost) -> bool | None:
-        ones = self._samples.get(1, ())
+        def relative(n: int) -> list[float]:  # live time over the curve's, sample by sample
+            return [s / cost(n, c) for s, c in self._samples.get(n, ())]
+
+        ones = relative(1)
         if len(ones) < self.min_samples:
             return None
-        base = quantile(list(ones), QUANTILE)
+        base = quantile(ones, QUANTILE)
         verdicts = []
         for n, values in self._samples.items():
             if n == 1 or len(values) < self.min_samples or n > cost.max_tokens:
                 continue
-            live = quantile(list(values), QUANTILE) / base
-            expected = cost(n) / cost(1)
-            verdicts.append(abs(math.log(live / expected)) > math.log(self.tolerance))
+            live = quantile(relative(n), QUANTILE) / base
+            verdicts.append(abs(math.log(live)) > math.log(self.tolerance))
         if not verdicts:
             return None
         return sum(verdicts) > len(verdicts) / 2

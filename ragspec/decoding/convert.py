@@ -2,7 +2,9 @@
 
 Contract: `gguf_folder(path, cache_dir)` returns (folder, converted_now): a transformers model
 folder (fp32 safetensors, config, tokenizer, generation config) holding the de-quantised
-weights of the GGUF file at `path`. The folder is named after the sha256 of the file's bytes, so
+weights of the GGUF file at `path`. `gguf_folder(..., packed=True)` makes instead the folder
+of a packed model (ragspec.decoding.packing): config, tokenizer and generation config, and the
+weights in the file's own formats (`packed.safetensors`), never de-quantised as a whole. The folder is named after the sha256 of the file's bytes, so
 a changed file is converted again and two copies of one file share one conversion. A file
 transformers cannot read raises GGUFError with one line saying why: not a GGUF file (damaged
 or truncated), an architecture or a quantisation type transformers does not de-quantise.
@@ -27,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from ragspec.fileio import write_atomically
+
 HASHES_FILE = "gguf-hashes.json"
 _CHUNK = 8 << 20
 _PROGRESS_BYTES = 256 << 20  # files at least this large show a progress bar while hashing
@@ -38,6 +42,9 @@ class GGUFError(ValueError):
 
 def is_converted(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+PACKED_SUFFIX = "-packed"
 
 
 def _hash_file(path: Path) -> str:
@@ -88,21 +95,20 @@ def content_hash(path: Path, cache_dir: Path) -> str:
     memo[str(path)] = {"stamp": stamp, "sha256": sha}
     memo_path = Path(cache_dir) / HASHES_FILE
     memo_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo_path.with_name(f"{memo_path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(memo, indent=1))
-    tmp.replace(memo_path)  # atomic; two writers at once only lose each other's memo entry
+    # atomic; two writers at once only lose each other's memo entry
+    write_atomically(memo_path, json.dumps(memo, indent=1))
     return sha
 
 
-def target_folder(sha: str, cache_dir: Path) -> Path:
-    return Path(cache_dir) / f"gguf-{sha[:24]}"
+def target_folder(sha: str, cache_dir: Path, packed: bool = False) -> Path:
+    return Path(cache_dir) / f"gguf-{sha[:24]}{PACKED_SUFFIX if packed else ''}"
 
 
-def is_ready(path: Path, cache_dir: Path) -> bool:
+def is_ready(path: Path, cache_dir: Path, packed: bool = False) -> bool:
     """True when the file is known (unchanged since hashed) and its folder is converted; only
     stats the file."""
     sha = remembered_hash(path, cache_dir)
-    return sha is not None and is_converted(target_folder(sha, cache_dir))
+    return sha is not None and is_converted(target_folder(sha, cache_dir, packed))
 
 
 def _text_field(reader, key: str) -> str | None:
@@ -187,10 +193,27 @@ def _save_dequantised(gguf: Path, out: Path) -> None:
     model.generation_config.save_pretrained(out)
 
 
-def convert_locked(gguf: Path, target: Path, on_convert: Callable[[Path], None] | None = None
-                   ) -> bool:
+def _save_packed(gguf: Path, out: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from ragspec.decoding import packing
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    model = packing.meta_model(out)
+    packing.save(packing.gguf_entries(gguf, model), out / packing.PACKED_FILE)
+
+
+def convert_locked(gguf: Path, target: Path, on_convert: Callable[[Path], None] | None = None,
+                   packed: bool = False) -> bool:
     """Make `target` from `gguf` unless it exists; True when this call converted it.
-    on_convert(gguf) is called once the conversion really starts (to tell the user)."""
+    on_convert(gguf) is called once the conversion really starts (to tell the user).
+    packed: make a packed model's folder rather than a de-quantised one."""
     from filelock import FileLock
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +228,7 @@ def convert_locked(gguf: Path, target: Path, on_convert: Callable[[Path], None] 
         if on_convert is not None:
             on_convert(gguf)
         try:
-            _save_dequantised(gguf, tmp)
+            (_save_packed if packed else _save_dequantised)(gguf, tmp)
             if target.exists():
                 shutil.rmtree(target)  # an incomplete folder from an older run
             tmp.rename(target)  # atomic: readers see no folder or a whole one
@@ -216,16 +239,17 @@ def convert_locked(gguf: Path, target: Path, on_convert: Callable[[Path], None] 
 
 
 def gguf_folder(path: Path | str, cache_dir: Path | str,
-                on_convert: Callable[[Path], None] | None = None) -> tuple[Path, bool]:
+                on_convert: Callable[[Path], None] | None = None, packed: bool = False
+                ) -> tuple[Path, bool]:
     """(converted folder, converted by this call) for a GGUF file; see the module docstring.
-    on_convert as for convert_locked."""
+    on_convert and packed as for convert_locked."""
     path, cache_dir = Path(path), Path(cache_dir)
-    target = target_folder(content_hash(path, cache_dir), cache_dir)
+    target = target_folder(content_hash(path, cache_dir), cache_dir, packed)
     if is_converted(target):
         return target, False
     check_gguf(path)
     try:
-        return target, convert_locked(path, target, on_convert)
+        return target, convert_locked(path, target, on_convert, packed)
     except (ValueError, KeyError, NotImplementedError, OSError) as exc:
         # transformers reports an architecture it maps but cannot build, a tokenizer it cannot
         # rebuild, or a tensor it cannot place with these exception types; say which file.

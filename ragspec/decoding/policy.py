@@ -4,8 +4,9 @@ A verify forward over [last token + k draft tokens] costs c(k+1) seconds and yie
 prefix plus one token of the model's own. If each draft token is accepted with probability a
 (given the ones before it were), the step yields E(k) = 1 + a + a^2 + ... + a^k tokens. The policy
 picks the k that maximises E(k) / c(k+1) and drafts nothing unless that beats 1 / c(1), the rate
-of plain decoding. On this CPU c grows quickly with k (see ForwardCost), so weak matches get short
-drafts or none; on a GPU at batch 1 c is nearly flat and long drafts pay off.
+of plain decoding. On a CPU c grows quickly with k (measured per machine: see ForwardCost), so
+weak matches get short drafts or none; on a GPU at batch 1 c is nearly flat and long drafts pay
+off.
 
 The acceptance chances are estimated per evidence bucket — how far back the current match agrees
 with the copied place (Match.extended); a long agreeing history means the model is quoting, a lone
@@ -15,8 +16,11 @@ and the position, then learns from the outcomes of this generator's drafts. So t
 one a but a_0, a_1, ...: E(k) = 1 + a_0 + a_0·a_1 + ...
 
 ForwardCost holds c(n) for n = 1..max tokens, measured once per model and device and cached
-(ragspec.decoding.calibrate). It is deliberately not re-fitted from live timings: on a shared machine a
-burst of load bends the curve's shape, while only its shape (c(k+1)/c(1)) matters here.
+(ragspec.decoding.calibrate), at two context lengths: attention over the cached tokens makes a
+forward dearer as the context grows, by more for more new tokens, so the policy uses the curve
+at the current context (linear between and beyond the two measured ones). It is deliberately
+not re-fitted from live timings: on a shared machine a burst of load bends the curve's shape,
+while only its shape (c(k+1)/c(1)) matters here.
 """
 
 from __future__ import annotations
@@ -34,25 +38,42 @@ _PRIOR_STRENGTH = 4.0
 
 @dataclass
 class ForwardCost:
-    """seconds[n-1] = measured time of a forward over n new tokens (n = 1..len(seconds))."""
+    """seconds[n-1] = measured time of a forward over n new tokens (n = 1..len(seconds)) after
+    `context` cached tokens; `far` the same after `far_context` ones (None: one context only)."""
 
     seconds: list[float]
+    context: int = 0
+    far: list[float] | None = None
+    far_context: int = 0
 
     def __post_init__(self) -> None:
-        if not self.seconds or any(s <= 0 for s in self.seconds):
-            raise ValueError("ForwardCost needs a positive time for every n from 1 upwards")
+        for curve in (self.seconds, self.far if self.far is not None else [1.0]):
+            if not curve or any(s <= 0 for s in curve):
+                raise ValueError("ForwardCost needs a positive time for every n from 1 upwards")
+        if self.far is not None and (len(self.far) != len(self.seconds)
+                                     or self.far_context <= self.context):
+            raise ValueError("the far curve needs as many sizes as the near one and a longer "
+                             "context")
 
     @property
     def max_tokens(self) -> int:
         return len(self.seconds)
 
-    def __call__(self, n: int) -> float:
-        if n <= len(self.seconds):
-            return self.seconds[n - 1]
+    @staticmethod
+    def _point(curve: list[float], n: int) -> float:
+        if n <= len(curve):
+            return curve[n - 1]
         # beyond the measured range: extend with the last measured slope
-        last = self.seconds[-1]
-        slope = (last - self.seconds[0]) / max(1, len(self.seconds) - 1)
-        return last + slope * (n - len(self.seconds))
+        slope = (curve[-1] - curve[0]) / max(1, len(curve) - 1)
+        return curve[-1] + slope * (n - len(curve))
+
+    def __call__(self, n: int, context: int | None = None) -> float:
+        near = self._point(self.seconds, n)
+        if self.far is None or context is None:
+            return near
+        far = self._point(self.far, n)
+        w = (context - self.context) / (self.far_context - self.context)
+        return max(near + (far - near) * w, 0.5 * min(near, far))
 
     @classmethod
     def flat(cls, max_tokens: int) -> ForwardCost:
@@ -121,8 +142,9 @@ class DraftPolicy:
         self.cost = cost
         self.acceptance = AcceptanceModel()
 
-    def choose(self, match: Match | None, remaining: int) -> int:
-        """Number of draft tokens to verify, 0 for a plain step. remaining >= 1 new tokens left."""
+    def choose(self, match: Match | None, remaining: int, context: int | None = None) -> int:
+        """Number of draft tokens to verify, 0 for a plain step. remaining >= 1 new tokens left;
+        context: tokens in the cache (the cost curve is taken there)."""
         if match is None or not match.tokens:
             return 0
         # the verify step always adds one token of the model's own: never pass max_new_tokens
@@ -132,9 +154,9 @@ class DraftPolicy:
         if not self.config.adaptive:
             return limit
         rates = [self.acceptance.rate(match.extended, i) for i in range(_POSITIONS)]
-        best_k, best_rate = 0, 1.0 / self.cost(1)
+        best_k, best_rate = 0, 1.0 / self.cost(1, context)
         for k in range(1, limit + 1):
-            tokens_per_s = expected_tokens(rates, k) / self.cost(k + 1)
+            tokens_per_s = expected_tokens(rates, k) / self.cost(k + 1, context)
             if tokens_per_s > best_rate:
                 best_k, best_rate = k, tokens_per_s
         return best_k

@@ -1,17 +1,30 @@
-"""BM25 keyword scoring over the stored passages, updated passage by passage.
+"""BM25 keyword scoring over the stored passages: numpy postings, updated passage by passage.
 
 Contract:
   * Tokens are the lowercased runs of letters, digits and underscores (`tokenize`), so exact
     names, codes and numbers match whole: "E204", "7432", "max_log_size" are one token each.
+    TOKENIZER names this rule; it is saved with the index, and a file built by another rule is
+    refused (and rebuilt from the texts by `restore`), never read as if it were ours.
   * `score(query)` is Okapi BM25 with k1 = 1.2, b = 0.75 and the always-positive idf
     ln(1 + (N - df + 0.5) / (df + 0.5)) (as Lucene uses), summed over the query's distinct
     tokens. Passages sharing no token with the query score nothing and are not listed.
   * `add(id, text)` / `remove(id)` change one passage; any sequence of them gives the same
     scores, and the same bytes from `to_bytes(order)`, as building from the final set at once.
-  * On disk (`to_bytes` / `from_bytes`): an .npz of plain arrays (no pickle): the vocabulary as
-    newline-separated UTF-8 (a token never holds a newline), and per passage, in the order the
-    caller gives (the FAISS row order), its term ids and counts. The caller keeps the passage
-    ids; `from_bytes` needs them in the same order and checks the row count.
+  * On disk (`to_bytes` / `from_bytes`): an .npz of plain arrays (no pickle): `tokenizer` (the
+    rule's name, UTF-8), the vocabulary as newline-separated UTF-8 (a token never holds a
+    newline) in sorted order, per passage its token count (`lengths`, in the order the caller
+    gives: the FAISS row order), and the postings by token: token i's passages are
+    rows[offsets[i]:offsets[i+1]] (increasing) with their counts. The caller keeps the passage
+    ids; `from_bytes` needs them in the same order and checks every array against the others.
+
+How it scales: postings live in a few sorted numpy segments (term id, row, count), searched
+with one binary search per query token and segment; scoring is vectorised over each token's
+posting list. Adds collect in compact pending arrays that become a segment at the next search
+(or when they grow large); a new segment is merged with the previous one while that is at most
+twice its size, so there are O(log n) segments and each posting is merged O(log n) times.
+Removed passages are masked out (df and N count only live passages, so scores stay exact) and
+dropped from the segments when they are half dead. Memory: ~12 bytes per (passage, distinct
+token).
 
 Worked example: passages a = "disk full", b = "disk quota full full", query "quota".
 N = 2, df(quota) = 1, idf = ln(1 + 1.5 / 1.5) = ln 2; only b has the token (tf 1, length 4,
@@ -22,10 +35,11 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import re
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +48,11 @@ logger = logging.getLogger(__name__)
 K1 = 1.2
 B = 0.75
 _TOKEN = re.compile(r"\w+")
+# The rule `tokenize` applies, saved in every keywords.npz: change the name with the rule.
+TOKENIZER = "ragspec-words-1: lowercase, runs of Unicode word characters (re \\w+)"
+# Pending adds become a segment once they hold this many postings (~48 MB as int32 arrays), so
+# building from a million passages never holds them as Python objects.
+_SEAL_POSTINGS = 4_000_000
 
 
 def tokenize(text: str) -> list[str]:
@@ -41,14 +60,74 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
+@dataclass
+class _Segment:
+    """Postings sorted by (term, row): term ids `terms[i]` own rows[starts[i]:starts[i+1]]."""
+
+    terms: np.ndarray  # int32, increasing
+    starts: np.ndarray  # int64, len(terms) + 1
+    rows: np.ndarray  # int32
+    counts: np.ndarray  # int32
+
+    @classmethod
+    def build(cls, terms: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> _Segment:
+        order = np.lexsort((rows, terms))
+        terms, rows, counts = terms[order], rows[order], counts[order]
+        unique, first = np.unique(terms, return_index=True)
+        starts = np.append(first, len(terms)).astype(np.int64)
+        return cls(unique.astype(np.int32), starts, rows.astype(np.int32),
+                   counts.astype(np.int32))
+
+    def postings(self, term: int) -> tuple[np.ndarray, np.ndarray] | None:
+        i = int(np.searchsorted(self.terms, term))
+        if i == len(self.terms) or self.terms[i] != term:
+            return None
+        lo, hi = self.starts[i], self.starts[i + 1]
+        return self.rows[lo:hi], self.counts[lo:hi]
+
+    def flat_terms(self) -> np.ndarray:
+        return np.repeat(self.terms, np.diff(self.starts))
+
+
+class _Column:
+    """A numpy array that grows by appending (capacity doubles)."""
+
+    def __init__(self, dtype) -> None:
+        self.data = np.zeros(16, dtype=dtype)
+        self.size = 0
+
+    def append(self, value) -> None:
+        if self.size == len(self.data):
+            self.data = np.concatenate([self.data, np.zeros_like(self.data)])
+        self.data[self.size] = value
+        self.size += 1
+
+    def extend(self, values: np.ndarray) -> None:
+        while self.size + len(values) > len(self.data):
+            self.data = np.concatenate([self.data, np.zeros_like(self.data)])
+        self.data[self.size : self.size + len(values)] = values
+        self.size += len(values)
+
+    def view(self) -> np.ndarray:
+        return self.data[: self.size]
+
+
 class BM25Index:
     """See the module docstring."""
 
     def __init__(self) -> None:
-        self._terms: dict[str, Counter] = {}  # passage id -> token -> count
-        self._postings: dict[str, dict[str, int]] = {}  # token -> passage id -> count
-        self._lengths: dict[str, int] = {}  # passage id -> number of tokens
+        self._vocabulary: dict[str, int] = {}
+        self._row_of: dict[str, int] = {}  # live passage id -> row
+        self._pids: list[str | None] = []  # row -> passage id (None once removed)
+        self._lengths = _Column(np.int32)
+        self._distinct = _Column(np.int32)  # distinct tokens per row: its postings
+        self._alive = _Column(np.bool_)
         self._total_length = 0
+        self._segments: list[_Segment] = []
+        self._pending = _new_pending()
+        self._dead_postings = 0
+        self._postings = 0
+        self._norm: np.ndarray | None = None  # K1 * (1 - B + B * length / average), per row
 
     @classmethod
     def build(cls, passages: Iterable[tuple[str, str]]) -> BM25Index:
@@ -59,86 +138,176 @@ class BM25Index:
         return index
 
     def __len__(self) -> int:
-        return len(self._terms)
+        return len(self._row_of)
 
     def __contains__(self, pid: str) -> bool:
-        return pid in self._terms
+        return pid in self._row_of
 
     def add(self, pid: str, text: str) -> None:
-        if pid in self._terms:
+        if pid in self._row_of:
             raise ValueError(f"passage {pid!r} is already in the keyword index")
-        self._insert(pid, Counter(tokenize(text)))
-
-    def _insert(self, pid: str, counts: Counter) -> None:
-        self._terms[pid] = counts
-        self._lengths[pid] = sum(counts.values())
-        self._total_length += self._lengths[pid]
+        counts = Counter(tokenize(text))
+        row = len(self._pids)
+        terms, rows, tfs = self._pending
         for token, tf in counts.items():
-            self._postings.setdefault(token, {})[pid] = tf
+            terms.append(self._vocabulary.setdefault(token, len(self._vocabulary)))
+            rows.append(row)
+            tfs.append(tf)
+        self._append_row(pid, sum(counts.values()), len(counts))
+        self._postings += len(counts)
+        if len(terms) >= _SEAL_POSTINGS:
+            self._seal_pending()
+
+    def _append_row(self, pid: str, length: int, distinct: int) -> None:
+        self._row_of[pid] = len(self._pids)
+        self._pids.append(pid)
+        self._lengths.append(length)
+        self._distinct.append(distinct)
+        self._alive.append(True)
+        self._total_length += length
+        self._norm = None
 
     def remove(self, pid: str) -> None:
-        counts = self._terms.pop(pid)
-        self._total_length -= self._lengths.pop(pid)
-        for token in counts:
-            posting = self._postings[token]
-            del posting[pid]
-            if not posting:
-                del self._postings[token]
+        row = self._row_of.pop(pid)
+        self._pids[row] = None
+        self._alive.data[row] = False
+        self._total_length -= int(self._lengths.data[row])
+        self._norm = None
+        self._dead_postings += int(self._distinct.data[row])
+
+    # -- searching ----------------------------------------------------------------------------
 
     def score(self, query: str) -> dict[str, float]:
         """BM25 score of every passage sharing a token with `query`."""
-        n = len(self._terms)
-        if self._total_length == 0:
-            return {}  # no passage holds a token (or there are none): nothing can match
-        average = self._total_length / n
-        scores: dict[str, float] = {}
-        for token in set(tokenize(query)):
-            posting = self._postings.get(token)
-            if not posting:
-                continue
-            idf = math.log(1 + (n - len(posting) + 0.5) / (len(posting) + 0.5))
-            for pid, tf in posting.items():
-                norm = K1 * (1 - B + B * self._lengths[pid] / average)
-                scores[pid] = scores.get(pid, 0.0) + idf * tf * (K1 + 1) / (tf + norm)
-        return scores
+        scores, touched = self._scores(query)
+        return {self._pids[row]: float(scores[row]) for row in touched}
 
     def top(self, query: str, k: int) -> list[tuple[str, float]]:
         """The k best (id, score) pairs, best first; ties in id order, so results are stable."""
-        ranked = sorted(self.score(query).items(), key=lambda item: (-item[1], item[0]))
+        scores, touched = self._scores(query)
+        if len(touched) > k:
+            # Everything scoring at least the k-th best, so ties at the edge are ordered by id.
+            kth = np.partition(scores[touched], len(touched) - k)[len(touched) - k]
+            touched = touched[scores[touched] >= kth]
+        ranked = sorted(((self._pids[row], float(scores[row])) for row in touched),
+                        key=lambda item: (-item[1], item[0]))
         return ranked[:k]
+
+    def _scores(self, query: str) -> tuple[np.ndarray, np.ndarray]:
+        """(score per row, the rows that share a token with the query)."""
+        n = len(self._row_of)
+        if self._total_length == 0:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)  # nothing holds a token
+        self._seal()
+        alive, norm = self._alive.view(), self._norms(n)
+        scores = np.zeros(len(self._pids))
+        touched = np.zeros(len(self._pids), dtype=np.bool_)
+        for token in sorted(set(tokenize(query))):
+            term = self._vocabulary.get(token)
+            if term is None:
+                continue
+            found = [p for s in self._segments if (p := s.postings(term)) is not None]
+            if not found:
+                continue
+            rows = np.concatenate([r for r, _ in found]) if len(found) > 1 else found[0][0]
+            tfs = np.concatenate([t for _, t in found]) if len(found) > 1 else found[0][1]
+            live = alive[rows]
+            rows, tfs = rows[live], tfs[live]
+            df = len(rows)  # each live row holds a token once: its postings are its passages
+            if not df:
+                continue
+            idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+            scores[rows] += idf * tfs * (K1 + 1) / (tfs + norm[rows])
+            touched[rows] = True
+        return scores, np.flatnonzero(touched)
+
+    def _norms(self, n: int) -> np.ndarray:
+        if self._norm is None:
+            average = self._total_length / n
+            self._norm = K1 * (1 - B + B * self._lengths.view() / average)
+        return self._norm
+
+    def _seal(self) -> None:
+        """Pending adds become a segment; compact when half the postings are dead."""
+        self._seal_pending()
+        if self._dead_postings * 2 > self._postings:
+            self._merge()
+
+    def _seal_pending(self) -> None:
+        terms, rows, tfs = self._pending
+        if not terms:
+            return
+        self._segments.append(_Segment.build(
+            np.frombuffer(terms, dtype=np.int32), np.frombuffer(rows, dtype=np.int32),
+            np.frombuffer(tfs, dtype=np.int32)))
+        self._pending = _new_pending()
+        # Binary-counter merging: keep segment sizes decreasing geometrically.
+        while len(self._segments) >= 2 and \
+                len(self._segments[-2].rows) <= 2 * len(self._segments[-1].rows):
+            self._merge(self._segments[-2:])
+
+    def _merge(self, chosen: list[_Segment] | None = None) -> None:
+        """Merge `chosen` (the last segments; default all) into one, dropping dead postings."""
+        chosen = self._segments if chosen is None else chosen
+        alive = self._alive.view()
+        terms = np.concatenate([s.flat_terms() for s in chosen])
+        rows = np.concatenate([s.rows for s in chosen])
+        counts = np.concatenate([s.counts for s in chosen])
+        live = alive[rows]
+        dropped = len(rows) - int(np.count_nonzero(live))
+        merged = _Segment.build(terms[live], rows[live], counts[live])
+        self._segments = self._segments[: len(self._segments) - len(chosen)] + [merged]
+        self._postings -= dropped
+        self._dead_postings -= dropped
 
     # -- on disk ------------------------------------------------------------------------------
 
     def to_bytes(self, order: Sequence[str]) -> bytes:
         """The index as .npz bytes, rows in `order` (which must be exactly its passage ids)."""
-        if len(order) != len(self._terms) or set(order) != self._terms.keys():
+        if len(order) != len(self._row_of) or set(order) != self._row_of.keys():
             raise AssertionError("the row order must list every passage of the index once")
-        vocabulary = sorted(self._postings)
-        ids = {token: i for i, token in enumerate(vocabulary)}
-        offsets = np.zeros(len(order) + 1, dtype=np.int64)
-        term_ids: list[int] = []
-        counts: list[int] = []
-        for row, pid in enumerate(order):
-            # Tokens sorted within a row: the bytes depend only on the content, not on history.
-            for token, tf in sorted(self._terms[pid].items()):
-                term_ids.append(ids[token])
-                counts.append(tf)
-            offsets[row + 1] = len(term_ids)
+        self._seal_pending()
+        if self._segments:
+            self._merge()
+        else:
+            self._segments = [_Segment.build(*(np.zeros(0, dtype=np.int32),) * 3)]
+        segment = self._segments[0]
+        # Renumber: our row -> its place in `order`; token ids -> their place in sorted order.
+        place = np.full(len(self._pids), -1, dtype=np.int64)
+        place[[self._row_of[pid] for pid in order]] = np.arange(len(order))
+        tokens = sorted(self._vocabulary, key=self._vocabulary.__getitem__)
+        used = segment.terms
+        names = [tokens[t] for t in used.tolist()]
+        by_name = np.argsort(np.asarray(names, dtype=object), kind="stable") if names else \
+            np.zeros(0, dtype=np.int64)
+        new_term = np.empty(len(used), dtype=np.int64)
+        new_term[by_name] = np.arange(len(used))
+        flat = np.repeat(new_term, np.diff(segment.starts))
+        rows = place[segment.rows]
+        canonical = _Segment.build(flat.astype(np.int32), rows.astype(np.int32), segment.counts)
+        offsets = np.zeros(len(used) + 1, dtype=np.int64)
+        offsets[canonical.terms + 1] = np.diff(canonical.starts)
+        offsets = np.cumsum(offsets)
+        lengths = self._lengths.view()[[self._row_of[pid] for pid in order]] if order else \
+            np.zeros(0, dtype=np.int32)
         buffer = io.BytesIO()
         np.savez(
             buffer,
-            vocabulary=np.frombuffer("\n".join(vocabulary).encode("utf-8"), dtype=np.uint8),
+            tokenizer=np.frombuffer(TOKENIZER.encode("utf-8"), dtype=np.uint8),
+            vocabulary=np.frombuffer("\n".join(sorted(names)).encode("utf-8"), dtype=np.uint8),
+            lengths=np.asarray(lengths, dtype=np.int32),
             offsets=offsets,
-            term_ids=np.asarray(term_ids, dtype=np.int32),
-            counts=np.asarray(counts, dtype=np.int32),
+            rows=canonical.rows,
+            counts=canonical.counts,
         )
         return buffer.getvalue()
 
     @classmethod
     def restore(cls, data: bytes | None, passages: Sequence[tuple[str, str]]) -> BM25Index:
         """The index of `passages` ((id, text) pairs, in row order): read from `data` when that
-        fits them, else built from the texts (an index saved without keywords, or a stale
-        file). The texts are the authority, so rebuilding is always safe, only slower."""
+        fits them, else built from the texts (an index saved without keywords, by another
+        tokenizer, or a stale or damaged file). The texts are the authority, so rebuilding is
+        always safe, only slower."""
         if data is not None:
             try:
                 return cls.from_bytes(data, [pid for pid, _ in passages])
@@ -148,26 +317,62 @@ class BM25Index:
 
     @classmethod
     def from_bytes(cls, data: bytes, order: Sequence[str]) -> BM25Index:
-        """Read `to_bytes` output whose rows are the passages `order`; ValueError if it does
-        not fit them."""
+        """Read `to_bytes` output whose rows are the passages `order`; ValueError if it was
+        built by another tokenizer or does not fit them."""
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+                if "tokenizer" not in arrays.files:
+                    raise ValueError("the file does not name the tokenizer that built it")
+                tokenizer = arrays["tokenizer"].tobytes().decode("utf-8")
                 raw = arrays["vocabulary"].tobytes().decode("utf-8")
-                offsets, term_ids = arrays["offsets"], arrays["term_ids"]
-                counts = arrays["counts"]
-        except (OSError, KeyError, ValueError, UnicodeDecodeError) as exc:
+                lengths, offsets = arrays["lengths"], arrays["offsets"]
+                rows, counts = arrays["rows"], arrays["counts"]
+        except (OSError, KeyError, UnicodeDecodeError) as exc:
             raise ValueError(f"not a keyword index file ({exc})") from exc
+        except ValueError as exc:
+            if "tokenizer" in str(exc):
+                raise
+            raise ValueError(f"not a keyword index file ({exc})") from exc
+        if tokenizer != TOKENIZER:
+            raise ValueError(f"built by another tokenizer ({tokenizer!r}, not {TOKENIZER!r})")
         vocabulary = raw.split("\n") if raw else []
-        if len(offsets) != len(order) + 1 or len(term_ids) != len(counts) \
-                or (len(order) and offsets[-1] != len(term_ids)):
-            raise ValueError(f"the keyword index holds {len(offsets) - 1} rows for "
-                             f"{len(order)} passages")
-        if len(term_ids) and (term_ids.min() < 0 or term_ids.max() >= len(vocabulary)):
-            raise ValueError("the keyword index refers to tokens it does not list")
+        _check(vocabulary, lengths, offsets, rows, counts, len(order))
         index = cls()
-        term_list, count_list = term_ids.tolist(), counts.tolist()
-        for row, pid in enumerate(order):
-            lo, hi = int(offsets[row]), int(offsets[row + 1])
-            index._insert(pid, Counter(
-                {vocabulary[t]: c for t, c in zip(term_list[lo:hi], count_list[lo:hi], strict=True)}))
+        index._vocabulary = {token: i for i, token in enumerate(vocabulary)}
+        distinct = np.bincount(rows, minlength=len(order)).tolist()
+        for pid, length, held in zip(order, lengths.tolist(), distinct, strict=True):
+            index._append_row(pid, length, held)
+        if len(rows):
+            terms = np.flatnonzero(np.diff(offsets)).astype(np.int32)
+            starts = np.append(offsets[:-1][terms], offsets[-1]).astype(np.int64)
+            index._segments = [_Segment(terms, starts, rows.astype(np.int32),
+                                        counts.astype(np.int32))]
+        index._postings = len(rows)
         return index
+
+
+def _new_pending() -> tuple[array, array, array]:
+    """Pending postings: term ids, rows, counts (compact int32 arrays, not Python lists)."""
+    return array("i"), array("i"), array("i")
+
+
+def _check(vocabulary, lengths, offsets, rows, counts, n: int) -> None:
+    """ValueError unless the saved arrays describe postings of n passages consistently."""
+    if len(lengths) != n:
+        raise ValueError(f"the keyword index holds {len(lengths)} rows for {n} passages")
+    if len(offsets) != len(vocabulary) + 1 or len(rows) != len(counts) or offsets[0] != 0 \
+            or offsets[-1] != len(rows):
+        raise ValueError("the keyword index's offsets do not match its postings")
+    if np.any(np.diff(offsets) < 0):
+        raise ValueError("the keyword index's offsets do not increase")
+    if len(rows) and (rows.min() < 0 or rows.max() >= n or counts.min() < 1):
+        raise ValueError("the keyword index refers to passages it does not hold")
+    # Within one token, rows strictly increase (a repeat would count a passage twice).
+    steps = np.diff(rows.astype(np.int64))
+    first_of_token = np.zeros(len(rows), dtype=np.bool_)
+    first_of_token[offsets[:-1][offsets[:-1] < len(rows)]] = True
+    if np.any((steps <= 0) & ~first_of_token[1:]):
+        raise ValueError("the keyword index's postings are out of order")
+    if not np.array_equal(np.bincount(rows, weights=counts, minlength=n).astype(np.int64),
+                          lengths.astype(np.int64)):
+        raise ValueError("the keyword index's passage lengths do not match its postings")

@@ -7,7 +7,9 @@ Contract of `ingest_paths(paths, store, ...)`:
     `links` and not followed unless `follow_symlinks`).
   * Each file ends in exactly one list of the report: added (new), updated (content changed: old
     passages replaced), unchanged (same sha256 as stored: nothing parsed), or failed with a reason
-    a user can act on. A file's bytes are read once; those bytes are hashed and parsed.
+    a user can act on. A file's bytes are read once; those bytes are hashed and parsed. An added
+    or updated text file that was not UTF-8 is also in `encodings`, with the encoding it was
+    read in (see encoding.py).
   * Anything that goes wrong while loading or splitting one file, whatever its type, is that
     file's failure (an unexpected exception is reported with its type), never the run's; the
     limits of `IngestLimits` bound what one file may cost (size, pages, characters, inflation).
@@ -67,6 +69,8 @@ class IngestReport:
     links: list[tuple[str, str]] = field(default_factory=list)  # not followed, with the reason
     passages_added: int = 0
     commits: int = 0
+    # added or updated files read in another encoding than UTF-8: path -> the encoding's name
+    encodings: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -80,6 +84,8 @@ class IngestReport:
             "unchanged": self.unchanged,
             "failed": [{"path": path, "error": error} for path, error in self.failed],
             "links_not_followed": [{"path": path, "reason": why} for path, why in self.links],
+            "encodings": [{"path": path, "encoding": name}
+                          for path, name in self.encodings.items()],
         }
 
 
@@ -158,6 +164,7 @@ class _Prepared:
     drafts: list[PassageDraft]
     vectors: np.ndarray
     outcome: Literal["added", "updated"]
+    encoding: str | None = None  # None: UTF-8 (or not a plain-text file)
 
 
 def _ingest_one(shown: str, path: Path, store: PassageStore, limits: IngestLimits,
@@ -189,16 +196,18 @@ def _prepare(shown: str, path: Path, store: PassageStore, limits: IngestLimits,
     existing = store.document_for_source(source)
     if existing is not None and existing.sha256 == sha256:
         return None
-    drafts = _passages(data, path, store.embedder, limits, split)
+    drafts, encoding = _passages(data, path, store.embedder, limits, split)
     vectors = _embed(store.embedder, drafts, on_passages)
     return _Prepared(shown, source, sha256, len(data), drafts, vectors,
-                     "updated" if existing is not None else "added")
+                     "updated" if existing is not None else "added", encoding)
 
 
 def _passages(data: bytes, path: Path, embedder: PassageEmbedder, limits: IngestLimits,
-              split: SplitConfig | None) -> list[PassageDraft]:
+              split: SplitConfig | None) -> tuple[list[PassageDraft], str | None]:
+    """The file's passages, and the encoding its text was read in (None: UTF-8)."""
     try:
-        drafts = split_documents(load_bytes(data, path, limits), embedder, split)
+        docs = load_bytes(data, path, limits)
+        drafts = split_documents(docs, embedder, split)
     except RetrievalError:
         raise  # LoadError: this file's, said in our words; others (no embedder): the run's
     except Exception as exc:  # noqa: BLE001
@@ -208,7 +217,7 @@ def _passages(data: bytes, path: Path, embedder: PassageEmbedder, limits: Ingest
         raise LoadError(f"cannot parse the file ({type_name(exc)}: {exc})") from exc
     if not drafts:
         raise LoadError("no extractable text")
-    return drafts
+    return drafts, docs[0].metadata.get("encoding")
 
 
 def _embed(embedder: PassageEmbedder, drafts: list[PassageDraft],
@@ -257,6 +266,8 @@ class _Batch:
         for p in self.pending:
             getattr(self.report, p.outcome).append(p.shown)
             self.report.passages_added += len(p.drafts)
+            if p.encoding is not None:
+                self.report.encodings[p.shown] = p.encoding
         self.committed += len(self.pending)
         self.report.commits += 1
         self.pending.clear()

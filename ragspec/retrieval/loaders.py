@@ -13,8 +13,10 @@ Per type:
 - .pdf: pypdf, one Document per page; pages without text are dropped but keep their numbers; a
   PDF without any text layer is an error (it needs OCR first). The page count is checked before
   any page is read.
-- .txt, .md, .markdown: UTF-8 (a BOM is dropped; line ends become "\\n"). Markdown stays as
-  written: its markup is part of what users quote.
+- .txt, .md, .markdown: UTF-8, or the encoding a byte-order mark or charset-normalizer finds
+  (see encoding.py; a BOM is dropped; line ends become "\\n"); a file not in UTF-8 has the
+  encoding's name in the metadata as `encoding`. Markdown stays as written: its markup is part
+  of what users quote.
 - .html, .htm: the visible text, in one linear pass (see html_text.py).
 - .docx: headers, body and footers, streamed from the archive (see docx_text.py).
 """
@@ -31,6 +33,7 @@ from pathlib import Path
 from langchain_core.documents import Document
 
 from ragspec.retrieval.docx_text import docx_text
+from ragspec.retrieval.encoding import decode_text
 from ragspec.retrieval.errors import LoadError, type_name
 from ragspec.retrieval.html_text import html_text
 from ragspec.retrieval.limits import ENV_FOR, IngestLimits, TextBuffer, too_many_chars
@@ -75,6 +78,7 @@ def load_bytes(
     suffix = name.suffix.lower()
     if suffix not in SUPPORTED_SUFFIXES:
         raise LoadError(unsupported_message(name))
+    encoding = None
     if suffix == ".pdf":
         pages = _load_pdf(data, limits)
     elif suffix in (".html", ".htm"):
@@ -82,27 +86,25 @@ def load_bytes(
     elif suffix == ".docx":
         pages = [(None, docx_text(data, limits))]
     else:
-        pages = [(None, _load_text(data, limits))]
-    docs = [Document(page_content=text, metadata={"source": str(name), "page": page})
+        text, encoding = _load_text(data, limits)
+        pages = [(None, text)]
+    extra = {} if encoding is None else {"encoding": encoding}
+    docs = [Document(page_content=text, metadata={"source": str(name), "page": page, **extra})
             for page, text in pages if text.strip()]
     if not docs:
         raise LoadError("no extractable text: the file contains no words")
     return docs
 
 
-def _load_text(data: bytes, limits: IngestLimits) -> str:
-    if len(data) > 4 * limits.max_chars:  # UTF-8 spends at most 4 bytes a character
+def _load_text(data: bytes, limits: IngestLimits) -> tuple[str, str | None]:
+    """(text, encoding name or None for UTF-8)."""
+    if len(data) > 4 * limits.max_chars:  # no encoding spends more than 4 bytes a character
         raise too_many_chars(limits.max_chars)
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise LoadError(
-            "not UTF-8 text (binary data, or text in another encoding: convert it to UTF-8)"
-        ) from exc
+    text, encoding = decode_text(data)
     if len(text) > limits.max_chars:
         raise too_many_chars(limits.max_chars)
     # Universal newlines, as reading the file in text mode would give.
-    return _checked_text(text.replace("\r\n", "\n").replace("\r", "\n"))
+    return _checked_text(text.replace("\r\n", "\n").replace("\r", "\n")), encoding
 
 
 def _checked_text(text: str) -> str:

@@ -24,9 +24,11 @@ WAIT_MESSAGE = "waiting for another ragspec process to finish writing the index.
 
 @contextmanager
 def write_lock(
-    directory: Path, timeout: float, on_wait: Callable[[], None] | None = None
+    directory: Path, timeout: float, on_wait: Callable[[], None] | None = None,
+    name: str = LOCK_NAME,
 ) -> Iterator[None]:
-    lock = FileLock(str(directory / LOCK_NAME))
+    """name: the lock file's name in `directory` (an index folder's own: LOCK_NAME)."""
+    lock = FileLock(str(directory / name))
     try:
         lock.acquire(timeout=0)
     except Timeout:

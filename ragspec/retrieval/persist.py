@@ -42,6 +42,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from ragspec.fileio import fsync_dir, write_durably
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError
 
 FORMAT = "ragspec-passages"
@@ -142,40 +143,22 @@ def write_snapshot(
     keywords_new = directory / (KEYWORDS_NAME + PENDING_SUFFIX)
     if keywords is not None:
         header["keywords_sha256"] = _sha256(keywords)
-        _write_durably(keywords_new, keywords)
+        write_durably(keywords_new, keywords)
     faiss_new = directory / (FAISS_NAME + PENDING_SUFFIX)
     passages_new = directory / (PASSAGES_NAME + PENDING_SUFFIX)
-    _write_durably(faiss_new, faiss_bytes)
-    _write_durably(passages_new, _line(header).encode("utf-8") + body)
+    write_durably(faiss_new, faiss_bytes)
+    write_durably(passages_new, _line(header).encode("utf-8") + body)
     if keywords is not None:
         os.replace(keywords_new, directory / KEYWORDS_NAME)
     os.replace(faiss_new, directory / FAISS_NAME)
     os.replace(passages_new, directory / PASSAGES_NAME)
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return commit
 
 
 def _line(obj: dict) -> str:
     # ensure_ascii=False keeps non-English text readable (and half the size) in the file.
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the renames themselves durable; directories cannot be opened this way on Windows.
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def recover(directory: Path) -> None:
@@ -188,7 +171,7 @@ def recover(directory: Path) -> None:
             live = _read_header(directory / PASSAGES_NAME)
             if live is None or live.get("faiss_sha256") != header["faiss_sha256"]:
                 os.replace(pending, directory / PASSAGES_NAME)
-                _fsync_dir(directory)
+                fsync_dir(directory)
     for name in (FAISS_NAME, PASSAGES_NAME, KEYWORDS_NAME):
         (directory / (name + PENDING_SUFFIX)).unlink(missing_ok=True)
 

@@ -12,9 +12,12 @@ Contract:
     asked to end at its next step (`stop_requested`, and the hook set with `on_stop`, e.g. a
     GenerationStream's stop).
   * A turn that raises is logged and finished; the worker goes on with the next.
-  * `shutdown(timeout)` (registered at exit for the shared queue): every turn is stopped and the
-    worker given a moment to finish its step, so a server that is stopped mid-answer saves
-    what was written instead of dying inside a forward.
+  * `shutdown(timeout)` closes the queue: no turn starts after it (a turn submitted later is
+    cancelled at once), every waiting turn is cancelled, the running one is asked to stop, and
+    the worker thread is joined, so a server that is stopped mid-answer saves what was written
+    instead of dying inside a forward. The shared queue registers it to run as soon as the
+    interpreter starts shutting down (when the main thread ends, before atexit handlers), so
+    the worker is not left starting work in an interpreter that is being torn down.
 """
 
 from __future__ import annotations
@@ -84,10 +87,25 @@ class TurnQueue:
         self._turns: list[Turn] = []  # waiting turns in order, the running one first
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def submit(self, turn: Turn) -> Turn:
         if turn.state != "new":
             raise ValueError("a turn can be submitted once")
+        with self._cond:
+            if self._closed:
+                turn._stop.set()
+                turn.state = "finished"
+        if turn.state == "finished":  # the server is stopping: never started, saved as stopped
+            try:
+                turn.cancelled()
+            finally:
+                turn._finished.set()
+            return turn
         with self._cond:
             turn._queue = self
             turn.state = "waiting"
@@ -110,13 +128,19 @@ class TurnQueue:
             return len(self._turns)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop every turn (waiting ones first, so none starts) and wait for the running one."""
+        """Close the queue, stop every turn (waiting ones first, so none starts) and wait for
+        the running one and the worker thread."""
         with self._cond:
+            self._closed = True
             turns = list(self._turns)
+            self._cond.notify_all()
         for turn in reversed(turns):
             turn.stop()
         if turns:
             turns[0].wait(timeout)
+        worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
 
     def _drop_waiting(self, turn: Turn) -> bool:
         with self._cond:
@@ -132,10 +156,12 @@ class TurnQueue:
             turn._finished.set()
         return True
 
-    def _next(self) -> Turn:
+    def _next(self) -> Turn | None:
         with self._cond:
-            while not self._turns:
+            while not self._turns and not self._closed:
                 self._cond.wait()
+            if self._closed and (not self._turns or self._turns[0].state == "waiting"):
+                return None  # shutting down: start nothing new
             turn = self._turns[0]
             turn.state = "running"
             return turn
@@ -143,6 +169,8 @@ class TurnQueue:
     def _work(self) -> None:
         while True:
             turn = self._next()
+            if turn is None:
+                return
             try:
                 turn.run()
             except Exception:  # one failed turn must not stop the worker every session shares
@@ -165,5 +193,19 @@ def shared_queue() -> TurnQueue:
     with _shared_lock:
         if _shared is None:
             _shared = TurnQueue()
-            atexit.register(_shared.shutdown)
+            _at_shutdown(_shared.shutdown)
         return _shared
+
+
+def _at_shutdown(func) -> None:
+    # threading's own exit hook runs when the main thread ends, before non-daemon threads are
+    # joined and before atexit handlers (concurrent.futures uses it for the same reason); after
+    # that point libraries may no longer register exit hooks, so a turn still starting work
+    # would fail. Older or other Pythons without it fall back to atexit.
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError
+        register(func)
+    except RuntimeError:
+        atexit.register(func)

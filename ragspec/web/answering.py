@@ -8,29 +8,39 @@ Contract:
     (ragspec.pipeline), then streams every run (one, or speculation off and on side by side: one
     turn either way).
   * Its assistant message in the chat file (ragspec.web.chats) follows it: status "waiting" when
-    submitted, then "generating" with the spans so far (saved at most every `save_every`
-    seconds), and finally "done", "stopped" (Stop pressed: what was written is kept, the
-    stats say stop_reason "stopped") or "failed" (with an error a user can act on, which
-    never holds a server path). The final save happens before the job leaves `ACTIVE`, so a
-    page that no longer finds the job reads the finished answer from disk.
+    submitted, then "generating", and finally "done", "stopped" (Stop pressed, or the server
+    shutting down: what was written is kept, the stats say stop_reason "stopped") or
+    "failed" (with a short message; the details, which may hold server paths, go to the
+    server's log only: ragspec.web.public_errors). Those few changes rewrite the chat file;
+    while it streams, the answer alone is saved at most every `save_every` seconds
+    (ChatStore.save_partial), so the cost of saving does not grow with the chat. A chat that is
+    busy elsewhere skips a periodic save; the final save happens before the job leaves
+    `ACTIVE`, so a page that no longer finds the job reads the finished answer from disk.
+  * `ask` checks, appends and queues in one step per chat: two tabs asking in one chat at
+    once get one answer and one "still answering" refusal, never an orphaned message. It also
+    applies the asker's limits (ragspec.accounts.policy): answer length, answers queued at
+    once, and which models a member may use.
   * `snapshot()` is what a page shows while the job lives: phase, place in the queue, the
     passages and each run's spans so far. Safe to call from any thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass, replace
 
+from ragspec.accounts import policy
 from ragspec.decoding.model import ModelNotFound
 from ragspec.decoding.types import DraftConfig, GenerationConfig, SamplingConfig
-from ragspec.pipeline import NoDocumentsError, Pipeline, PipelineConfig
+from ragspec.pipeline import PipelineConfig, pipeline_for
 from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS, retrieve
 from ragspec.web import chats as ch
 from ragspec.web.answer_queue import Turn, TurnQueue
 from ragspec.web.model_choice import ModelNotOffered, ModelRegistry
+from ragspec.web.public_errors import public_message
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +90,9 @@ class AnswerJob(Turn):
 
     def __init__(self, *, chats: ch.ChatStore, chat_id: str, message_index: int, question: str,
                  history: list[dict], settings: AnswerSettings, store, models: ModelRegistry,
-                 index_lock=None, save_every: float = 1.0) -> None:
+                 index_lock=None, save_every: float = 1.0, user: str | None = None) -> None:
         super().__init__()
+        self.user = user  # who asked (None: the single-user chat), for the queue quota
         self.chats, self.chat_id, self.message_index = chats, chat_id, message_index
         self.question, self.history, self.settings = question, history, settings
         self.store, self.models = store, models
@@ -116,14 +127,17 @@ class AnswerJob(Turn):
     def run(self) -> None:
         try:
             self._answer()
-        except (NoDocumentsError, ValueError) as exc:
-            self._fail(str(exc))
         except ModelNotFound as exc:
             logger.error("cannot load model %s: %s", self.settings.model, exc)
             self._fail(f"Cannot load the model {self.settings.model}; the server's log says why.")
         except Exception as exc:  # a model failing mid-answer: report it, keep serving others
-            logger.exception("generation failed")
-            self._fail(f"Generation failed ({exc.__class__.__name__}: {exc})")
+            if self.stop_requested and self._queue is not None and self._queue.closed:
+                # The server is shutting down: whatever failed was cut off by that (a library
+                # refusing new work in a dying interpreter), not by the answer.
+                logger.info("answer in chat %s stopped by the server's shutdown", self.chat_id)
+                self.phase = "stopped"
+            else:
+                self._fail(public_message(exc, "Generation"))
         finally:
             self._finish()
 
@@ -149,12 +163,12 @@ class AnswerJob(Turn):
         try:
             loaded, generator = self.models.get(self.settings.model)
         except ModelNotOffered as exc:
-            raise ValueError(str(exc)) from exc
+            raise policy.Denied(str(exc)) from exc
         self.note = loaded.speculation_note
         if self.stop_requested:
             self._set_phase("stopped")
             return
-        pipeline = Pipeline(self.store, generator, pipe_config)
+        pipeline = pipeline_for(self.store, generator, pipe_config)
         prepared = pipeline.prepare_retrieved(retrieval)
         with self._lock:
             self.passages, self.scores = list(prepared.passages), list(prepared.scores)
@@ -165,6 +179,8 @@ class AnswerJob(Turn):
                 break
             self._stream(pipeline, prepared, label, config)
         self._set_phase("stopped" if self.stop_requested else "done")
+        # between generations: re-measure the cost curve if live steps said it is off
+        generator.recalibrate_if_due()
 
     def _stream(self, pipeline, prepared, label: str, config: GenerationConfig) -> None:
         stream = pipeline.stream(prepared, config)
@@ -177,10 +193,12 @@ class AnswerJob(Turn):
                 with self._lock:
                     run["spans"].append(span)
                 if time.monotonic() - self._saved_at >= self.save_every:
-                    self._save()
+                    self._save_partial()
         finally:
             self.on_stop(None)
             run["stats"] = stream.stats
+        with self._lock:  # a server may report its spans at the end (ragspec.remote)
+            run["spans"] = list(stream.spans)
 
     def _set_phase(self, phase: str) -> None:
         self.phase = phase
@@ -213,7 +231,7 @@ class AnswerJob(Turn):
                 "greedy": self.settings.temperature == 0, "runs": runs, "passages": passages,
                 "note": self.note, "refused": self.refused}
 
-    def _save(self) -> None:
+    def _save(self, attempts: int = 3) -> None:
         message, standalone = self.message(), self.standalone
         index = self.message_index
 
@@ -223,29 +241,80 @@ class AnswerJob(Turn):
                 if standalone and index > 0:
                     chat["messages"][index - 1]["standalone"] = standalone
 
+        for attempt in range(attempts):
+            try:
+                self.chats.update(self.chat_id, change)
+                break
+            except ch.ChatBusy:
+                if attempt == attempts - 1:
+                    logger.error("chat %s stayed busy; this state of its answer is not saved",
+                                 self.chat_id)
+            except ch.ChatError:
+                self.stop()  # the chat was deleted meanwhile: nobody will read this answer
+                break
+        self._saved_at = time.monotonic()
+
+    def _save_partial(self) -> None:
         try:
-            self.chats.update(self.chat_id, change)
+            self.chats.save_partial(self.chat_id, self.message_index, self.message())
+        except ch.ChatBusy:
+            pass  # saved again in a moment, and in full at the end
         except ch.ChatError:
-            self.stop()  # the chat was deleted meanwhile: nobody will read this answer
+            self.stop()  # the chat was deleted meanwhile
         self._saved_at = time.monotonic()
 
 
+class StillAnswering(policy.Denied):
+    """A second question in a chat whose answer is still queued or being written."""
+
+    def __init__(self) -> None:
+        super().__init__("this chat is still answering; wait for it or press Stop")
+
+
 class ActiveJobs:
-    """The jobs that are waiting or running, by chat (at most one per chat)."""
+    """The jobs that are waiting or running, by chat (at most one per chat), and the chats
+    whose question is being added right now (`reserve`)."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, AnswerJob] = {}
+        self._reserved: dict[str, str | None] = {}  # chat id -> who is asking
         self._lock = threading.Lock()
 
     def get(self, chat_id: str | None) -> AnswerJob | None:
         with self._lock:
             return self._jobs.get(chat_id) if chat_id else None
 
+    def count_for(self, user: str | None) -> int:
+        """Answers of `user` waiting, running or being submitted."""
+        with self._lock:
+            return (sum(1 for j in self._jobs.values() if j.user == user)
+                    + sum(1 for u in self._reserved.values() if u == user))
+
+    @contextlib.contextmanager
+    def reserve(self, chat_id: str, principal: policy.Principal):
+        """Hold `chat_id` while a question is appended and its job started (`start`): a second
+        ask in the same chat meanwhile is refused, and so is one over the asker's queue quota.
+        Released on the way out either way."""
+        with self._lock:
+            if chat_id in self._jobs or chat_id in self._reserved:
+                raise StillAnswering
+            if principal.quotas.queued is not None:
+                policy.check_queue(principal, (
+                    sum(1 for j in self._jobs.values() if j.user == principal.name)
+                    + sum(1 for u in self._reserved.values() if u == principal.name)))
+            self._reserved[chat_id] = principal.name
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reserved.pop(chat_id, None)
+
     def start(self, job: AnswerJob, queue: TurnQueue) -> AnswerJob:
         with self._lock:
             if job.chat_id in self._jobs:
-                raise ValueError("this chat is still answering; wait for it or press Stop")
+                raise StillAnswering
             self._jobs[job.chat_id] = job
+            self._reserved.pop(job.chat_id, None)
         queue.submit(job)
         return job
 
@@ -258,11 +327,22 @@ class ActiveJobs:
 ACTIVE = ActiveJobs()
 
 
+def check_request(principal: policy.Principal, settings: AnswerSettings,
+                  models: ModelRegistry) -> None:
+    """The asker's limits on one question (see ragspec.accounts.policy); raises Denied."""
+    policy.check_answer_tokens(principal, settings.max_new_tokens)
+    if settings.model in models.names:
+        policy.require_model(principal, settings.model, models.names[0], models.loaded_names())
+
+
 def ask(chats: ch.ChatStore, chat_id: str, question: str, settings: AnswerSettings, *,
-        store, models: ModelRegistry, queue: TurnQueue, index_lock=None) -> AnswerJob:
-    """Append the question and a waiting answer to the chat, and queue the answer."""
-    if ACTIVE.get(chat_id) is not None:
-        raise ValueError("this chat is still answering; wait for it or press Stop")
+        store, models: ModelRegistry, queue: TurnQueue, index_lock=None,
+        principal: policy.Principal | None = None) -> AnswerJob:
+    """Append the question and a waiting answer to the chat, and queue the answer; one step per
+    chat (see the module docstring). Raises ValueError (Denied, QuotaExceeded, ChatError) with
+    a message for the asker."""
+    principal = principal or policy.Principal.single_user()
+    check_request(principal, settings, models)
     holder: dict = {}
 
     def append(chat: dict) -> None:
@@ -274,8 +354,9 @@ def ask(chats: ch.ChatStore, chat_id: str, question: str, settings: AnswerSettin
                                  "model": settings.model, "runs": [], "passages": []})
         holder["index"] = len(chat["messages"]) - 1
 
-    chats.update(chat_id, append)
-    job = AnswerJob(chats=chats, chat_id=chat_id, message_index=holder["index"],
-                    question=question, history=holder["history"], settings=settings,
-                    store=store, models=models, index_lock=index_lock)
-    return ACTIVE.start(job, queue)
+    with ACTIVE.reserve(chat_id, principal):
+        chats.update(chat_id, append)
+        job = AnswerJob(chats=chats, chat_id=chat_id, message_index=holder["index"],
+                        question=question, history=holder["history"], settings=settings,
+                        store=store, models=models, index_lock=index_lock, user=principal.name)
+        return ACTIVE.start(job, queue)

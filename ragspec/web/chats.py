@@ -16,14 +16,25 @@ Contract:
     assistant message back into Span, Passage and GenerationStats objects, so a reloaded chat
     shows the same highlights and provenance as the live answer.
   * Writes are atomic (a temporary file in the same folder, flushed, then renamed), and every
-    read-modify-write (`update`) holds a file lock, so two sessions or two server processes
-    never lose each other's changes. Nothing is pickled; a damaged file is skipped by `list`
-    and reported by `load` (ChatError), never executed.
-  * Chat ids are 12 lowercase hex digits; anything else is refused before touching a path.
+    read-modify-write (`update`) holds that chat's own file lock (`.locks/<id>.lock`), so two
+    sessions or two server processes never lose each other's changes, and saving one chat
+    never waits for another. A lock not had within `lock_timeout` seconds is `ChatBusy`.
+    Nothing is pickled; a damaged file is skipped by `list` and reported by `load`
+    (ChatError), never executed.
+  * An answer being written is saved cheaply: `save_partial` writes only that message to
+    `.partial/<id>.json` (no fsync; its cost grows with the answer, not with the chat), and
+    `load` shows it in place of the waiting or generating message it stands for. The next
+    `update` folds it into the chat file.
+  * Chats may belong to a user: `ChatStore(root, user=NAME, can_see=PREDICATE)` stamps new
+    chats with "user": NAME and treats every chat `can_see(chat_user)` refuses as missing
+    (list, load, update and delete alike), so a chat id from another user's address finds
+    nothing. Without `can_see` every chat is visible (the CLI, the single-user chat).
+  * Error messages name the chat, never the folder: they may reach a browser.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,20 +45,25 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
-from ragspec.decoding.types import GenerationStats, Span, SpanOrigin
+from ragspec.decoding.types import GenerationStats, Span
+from ragspec.fileio import write_atomically
 from ragspec.retrieval.records import Passage
 
 FORMAT = "ragspec-chat"
 VERSION = 1
 TITLE_CHARS = 80
 _ID = re.compile(r"^[0-9a-f]{12}$")
-_LOCK_NAME = ".chats.lock"
+LOCKS, PARTIAL = ".locks", ".partial"
 
 
 class ChatError(ValueError):
     """A chat that does not exist or cannot be read; the message says which and why."""
+
+
+class ChatBusy(ChatError):
+    """The chat's lock was not had in time (another process is saving it)."""
 
 
 def now() -> str:
@@ -67,10 +83,11 @@ class ChatSummary:
     created_at: str
     updated_at: str
     messages: int
+    user: str | None = None
 
     def to_dict(self) -> dict:
         return {"id": self.id, "title": self.title, "created_at": self.created_at,
-                "updated_at": self.updated_at, "messages": self.messages}
+                "updated_at": self.updated_at, "messages": self.messages, "user": self.user}
 
 
 _SUMMARIES: dict[str, tuple[tuple[int, int], ChatSummary]] = {}  # path -> (mtime, size), summary
@@ -79,8 +96,11 @@ _SUMMARIES: dict[str, tuple[tuple[int, int], ChatSummary]] = {}  # path -> (mtim
 class ChatStore:
     """The chats in one folder (see the module docstring)."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, *, user: str | None = None,
+                 can_see: Callable[[str | None], bool] | None = None,
+                 lock_timeout: float = 30.0) -> None:
         self.root = Path(root)
+        self.user, self.can_see, self.lock_timeout = user, can_see, lock_timeout
 
     def path(self, chat_id: str) -> Path:
         if not isinstance(chat_id, str) or not _ID.match(chat_id):
@@ -88,60 +108,114 @@ class ChatStore:
                             f"shows them)")
         return self.root / f"{chat_id}.json"
 
-    def _lock(self) -> FileLock:
-        self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root / _LOCK_NAME), timeout=30)
+    def _partial_path(self, chat_id: str) -> Path:
+        return self.root / PARTIAL / f"{chat_id}.json"
+
+    @contextlib.contextmanager
+    def _locked(self, chat_id: str):
+        folder = self.root / LOCKS
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(folder / f"{chat_id}.lock"), timeout=self.lock_timeout)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise ChatBusy(f"chat {chat_id} is busy (it is being saved elsewhere); try again")\
+                from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     def create(self, title: str = "") -> dict:
         chat_id = secrets.token_hex(6)
         stamp = now()
         chat = {"format": FORMAT, "version": VERSION, "id": chat_id, "title": title,
                 "created_at": stamp, "updated_at": stamp, "messages": []}
-        with self._lock():
+        if self.user is not None:
+            chat["user"] = self.user
+        with self._locked(chat_id):
             self._write(chat)
         return chat
 
     def load(self, chat_id: str) -> dict:
+        chat = self._read(chat_id)
+        try:
+            partial = json.loads(self._partial_path(chat_id).read_text(encoding="utf-8"))
+            index, message = partial["index"], partial["message"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return chat  # none, or one cut short by a crash: the chat file stands
+        messages = chat["messages"]
+        if (isinstance(index, int) and 0 <= index < len(messages)
+                and messages[index].get("status") in ("waiting", "generating")):
+            messages[index] = message
+        return chat
+
+    def _read(self, chat_id: str) -> dict:
         path = self.path(chat_id)
         try:
             chat = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ChatError(f"no chat {chat_id} in {self.root}") from None
+            raise ChatError(f"no chat {chat_id}") from None
         except (OSError, ValueError) as exc:
-            raise ChatError(f"chat {chat_id} cannot be read ({exc})") from exc
+            raise ChatError(f"chat {chat_id} cannot be read ({exc.__class__.__name__})") from exc
         if not isinstance(chat, dict) or chat.get("format") != FORMAT or chat.get("id") != chat_id:
             raise ChatError(f"{path.name} is not a ragspec chat")
         if chat.get("version") != VERSION or not isinstance(chat.get("messages"), list):
             raise ChatError(f"chat {chat_id} has an unknown layout (version "
                             f"{chat.get('version')!r}); this ragspec reads version {VERSION}")
+        if self.can_see is not None and not self.can_see(chat.get("user")):
+            raise ChatError(f"no chat {chat_id}")  # another user's: as if it did not exist
         return chat
 
     def exists(self, chat_id: str) -> bool:
-        return self.path(chat_id).is_file()
+        try:
+            self._read(chat_id)
+        except ChatError:
+            return False
+        return True
 
     def update(self, chat_id: str, change: Callable[[dict], object]) -> dict:
-        """Load, apply `change(chat)` (which edits the dict in place), save; under the lock."""
-        with self._lock():
+        """Load, apply `change(chat)` (which edits the dict in place), save; under the chat's
+        lock. A partial answer is folded into the chat file."""
+        with self._locked(chat_id):
             chat = self.load(chat_id)
             change(chat)
             chat["updated_at"] = now()
             self._write(chat)
+            self._partial_path(chat_id).unlink(missing_ok=True)
         return chat
+
+    def save_partial(self, chat_id: str, index: int, message: dict) -> None:
+        """The answer at `index` as it stands, without rewriting the chat (see above)."""
+        with self._locked(chat_id):
+            if not self.path(chat_id).is_file():
+                raise ChatError(f"no chat {chat_id}")
+            folder = self.root / PARTIAL
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{chat_id}-", suffix=".tmp", dir=folder)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    json.dump({"index": index, "message": message}, out, ensure_ascii=False)
+                os.replace(tmp, self._partial_path(chat_id))
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
     def delete(self, chat_id: str) -> None:
         path = self.path(chat_id)
-        with self._lock():
-            if not path.is_file():
-                raise ChatError(f"no chat {chat_id} in {self.root}")
+        with self._locked(chat_id):
+            self._read(chat_id)  # missing, or not this user's: ChatError
             _SUMMARIES.pop(str(path.resolve()), None)
             path.unlink()
+            self._partial_path(chat_id).unlink(missing_ok=True)
 
     def list(self) -> list[ChatSummary]:
-        """Readable chats, most recently updated first (damaged files are skipped)."""
+        """Readable chats this store may see, most recently updated first (damaged files are
+        skipped)."""
         out = []
         for path in self.root.glob("*.json") if self.root.is_dir() else ():
             summary = self._summary(path)
-            if summary is not None:
+            if summary is not None and (self.can_see is None or self.can_see(summary.user)):
                 out.append(summary)
         return sorted(out, key=lambda c: (c.updated_at, c.id), reverse=True)
 
@@ -156,12 +230,12 @@ class ChatStore:
         if cached is not None and cached[0] == stamp:
             return cached[1]
         try:
-            chat = self.load(path.stem)
+            chat = ChatStore(self.root)._read(path.stem)
         except ChatError:
             return None
         summary = ChatSummary(chat["id"], chat.get("title") or "(untitled)",
                               chat.get("created_at", ""), chat.get("updated_at", ""),
-                              len(chat["messages"]))
+                              len(chat["messages"]), chat.get("user"))
         _SUMMARIES[key] = (stamp, summary)
         return summary
 
@@ -177,16 +251,8 @@ class ChatStore:
 
     def _write(self, chat: dict) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{chat['id']}-", suffix=".tmp", dir=self.root)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(chat, out, ensure_ascii=False, indent=1)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path(chat["id"]))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(self.path(chat["id"]), json.dumps(chat, ensure_ascii=False, indent=1),
+                         mode=0o600)
 
 
 # -- messages <-> engine objects ------------------------------------------------------------
@@ -219,9 +285,9 @@ def run_dict(label: str, spans: list[Span], stats: GenerationStats | None) -> di
 
 
 def span_from_dict(d: dict) -> Span:
-    origin = d.get("origin")
-    return Span(text=d["text"], token_ids=list(d["token_ids"]), drafted=bool(d["drafted"]),
-                origin=SpanOrigin(**origin) if origin else None)
+    from ragspec.quoting import span_from_dict as read  # quoted spans come back quoted
+
+    return read(d)
 
 
 _STATS_FIELDS = {f.name for f in fields(GenerationStats)}

@@ -8,8 +8,13 @@ Contract:
     input becomes a path or an id.
   * A name defaults to the folder's last component (never the whole server path) or the hub
     id; two models with the same name are an error that says to use NAME=SPEC.
+  * A SPEC that is an http(s) URL is an OpenAI-compatible server (ragspec.remote; `URL#MODEL`
+    picks its model id): the page offers it by name (a bare URL is named by its host and
+    port), and answers are generated there.
   * `ModelRegistry.get(name)` loads on first use and keeps at most `max_loaded` generators
-    (default: the length of the list), dropping the least recently used one.
+    (default: the length of the list), dropping the least recently used one. When a load
+    fails, the models dropped to make room for it are loaded again before the error is raised:
+    a broken entry in the list cannot take a working model down.
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ def parse_choice(value: str) -> ModelChoice:
     spec = value.strip()
     if spec in ("", BUNDLED_SPEC):
         return ModelChoice(BUNDLED_LABEL, BUNDLED_SPEC)
+    if spec.startswith(("http://", "https://")):
+        from urllib.parse import urlsplit
+
+        return ModelChoice(urlsplit(spec).netloc or spec, spec)
     path = Path(spec).expanduser()
     return ModelChoice(path.name if path.exists() else spec, spec)
 
@@ -107,6 +116,10 @@ def max_loaded_from_env(choices: Sequence[ModelChoice],
 
 
 def _default_loader(spec: str):
+    if spec.startswith(("http://", "https://")):
+        from ragspec.remote import connect
+
+        return connect(spec)
     from ragspec.loading import load_generator
 
     return load_generator(None if spec == BUNDLED_SPEC else spec)
@@ -151,11 +164,28 @@ class ModelRegistry:
             if name in self._loaded:
                 self._loaded.move_to_end(name)
                 return self._loaded[name]
+            dropped = []
             while len(self._loaded) >= self.max_loaded:
-                dropped, _ = self._loaded.popitem(last=False)
-                logger.info("unloading model %s to make room", dropped)
-            self._loaded[name] = self._loader(self._specs[name])
+                # Dropped before the load, so the memory is free for it (max_loaded is a bound
+                # on memory); the references go, and a failed load brings them back below.
+                gone, _ = self._loaded.popitem(last=False)
+                dropped.append(gone)
+                logger.info("unloading model %s to make room", gone)
+            try:
+                self._loaded[name] = self._loader(self._specs[name])
+            except BaseException:
+                self._restore(dropped)
+                raise
             return self._loaded[name]
+
+    def _restore(self, names: list[str]) -> None:
+        for name in reversed(names):  # back in their old places, least recently used first
+            try:
+                self._loaded[name] = self._loader(self._specs[name])
+                self._loaded.move_to_end(name, last=False)
+                logger.info("loaded model %s again after a failed load", name)
+            except Exception:  # it loaded before; say so in the log and keep serving others
+                logger.exception("could not load model %s again", name)
 
 
 _registries: OrderedDict[tuple, ModelRegistry] = OrderedDict()

@@ -9,14 +9,22 @@ The open chat is in the address (`?chat=<id>`), so reloading the page reopens it
 in the process's answer queue, not in the page: a rerun, a reload or a closed tab does not end
 one, and it is saved into its chat as it grows.
 
-Environment: RAGSPEC_HOME (data: index/, uploads/, chats/), RAGSPEC_UI_INDEX (index dir
-override), RAGSPEC_UI_MODELS (the offered models, set by `ragspec ui --model`),
-RAGSPEC_UI_MAX_LOADED (most models kept loaded), RAGSPEC_MODEL_CACHE (converted models),
-RAGSPEC_EMBEDDER (embedding model).
+With accounts, nothing runs before the sign-in gate (ragspec.web.signin), and every action is
+checked for the signed-in principal where it happens (ragspec.accounts.policy): the chat store
+only sees that user's chats (a chat id from someone else's address finds nothing), only those
+who may manage a collection get its upload box and remove buttons, and `answering.ask` applies
+the model rule and the quotas.
+
+Environment: RAGSPEC_HOME (data: index/, uploads/, chats/, users/, accounts.json, sessions.json,
+audit.jsonl), RAGSPEC_UI_INDEX (index dir override), RAGSPEC_UI_MODELS (the offered models, set
+by `ragspec ui --model`), RAGSPEC_UI_MAX_LOADED (most models kept loaded), RAGSPEC_AUTH (the
+sign-in mode, set by `ragspec ui`), RAGSPEC_MODEL_CACHE (converted models), RAGSPEC_EMBEDDER
+(embedding model).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -28,12 +36,14 @@ if __package__ in (None, ""):  # streamlit puts ragspec/web/, not the checkout, 
 import streamlit as st
 
 from ragspec import paths
-from ragspec.web import answering
+from ragspec.accounts import policy
+from ragspec.web import answering, signin
 from ragspec.web import model_choice as ui_models
 from ragspec.web import page_html as rd
 from ragspec.web import parts as parts
 from ragspec.web.answer_queue import shared_queue
 from ragspec.web.chats import ChatError, ChatStore, answer_record
+from ragspec.web.public_errors import public_message
 
 # -- resources shared by every browser session of this process ---------------------------------
 
@@ -43,22 +53,22 @@ def get_store(index_dir: str, commit: str | None, embedder_name: str | None):
     # Keyed by the commit on disk, so an ingest by the CLI (or another app process) shows up on
     # the next page run; opening reads the index files, no embedding.
     from ragspec.loading import cached_embedder
-    from ragspec.retrieval.store import PassageStore
+    from ragspec.retrieval.backends import open_index
 
-    return PassageStore.open(index_dir, cached_embedder(embedder_name))
+    return open_index(index_dir, cached_embedder(embedder_name))
 
 
 def current_store(index_dir: str):
     from ragspec.loading import EMBEDDER_ENV
-    from ragspec.retrieval import persist
+    from ragspec.retrieval.backends import current_commit
 
     with st.spinner("Loading the embedding model..."):
-        return get_store(index_dir, persist.current_commit(Path(index_dir)),
+        return get_store(index_dir, current_commit(index_dir),
                          os.environ.get(EMBEDDER_ENV) or None)
 
 
 @st.cache_resource
-def get_index_lock() -> threading.Lock:
+def get_index_lock(index_dir: str) -> threading.Lock:
     # Uploads, removals and searches share one in-memory store per index: one at a time.
     return threading.Lock()
 
@@ -80,27 +90,33 @@ def open_chat(chats: ChatStore) -> dict | None:
 
 st.set_page_config(page_title="ragspec", page_icon="📄", layout="wide")
 st.markdown(rd.STYLE, unsafe_allow_html=True)
-index_lock = get_index_lock()
-index_dir = str(paths.index_dir(os.environ.get("RAGSPEC_UI_INDEX")))
-upload_root = paths.home() / "uploads"
-chats = ChatStore(paths.home() / "chats")
+who = signin.gate()  # the sign-in form ends the run here for a visitor who has not signed in
+chats = ChatStore(paths.home() / "chats", user=who.name,
+                  can_see=functools.partial(policy.may_see_chat, who))
 choices = ui_models.from_env()
 models = ui_models.registry_for(choices, ui_models.max_loaded_from_env(choices))
-
-store = None
-try:
-    store = current_store(index_dir)
-except Exception as exc:  # a damaged index, a missing embedder: say so, keep the page alive
-    st.error(parts.md(f"Cannot open the index: {exc}"))
 
 chat = open_chat(chats)
 chat_id = chat["id"] if chat else None
 
 with st.sidebar:
-    parts.sidebar_chats(chats, chat_id)
+    signin.account_box(who)
+    parts.sidebar_chats(chats, chat_id, who)
+    collection = parts.choose_collection(who)
+
+index_path, upload_root = policy.collection_dirs(collection, os.environ.get("RAGSPEC_UI_INDEX"))
+index_dir = str(index_path)
+index_lock = get_index_lock(index_dir)
+store = None
+try:
+    store = current_store(index_dir)
+except Exception as exc:  # a damaged index, a missing embedder: say so, keep the page alive
+    st.error(parts.md(public_message(exc, "Opening the document index")))
+
+with st.sidebar:
     if store is not None:
-        parts.sidebar_documents(store, index_lock, upload_root)
-    settings = parts.sidebar_settings(models.names)
+        parts.sidebar_documents(store, index_lock, upload_root, who, collection)
+    settings = parts.sidebar_settings(models.names, who, models.loaded_names())
 
 job = answering.ACTIVE.get(chat_id)
 
@@ -129,13 +145,14 @@ if question := st.chat_input("Ask a question about your documents", disabled=job
     elif store is None:
         st.error("The index could not be opened (see the message above).")
     else:
-        if chat is None:
-            chat = chats.create()
-            st.query_params["chat"] = chat["id"]
         try:
+            answering.check_request(who, settings, models)  # before a new chat is made for it
+            if chat is None:
+                chat = chats.create()
+                st.query_params["chat"] = chat["id"]
             answering.ask(chats, chat["id"], question, settings, store=store, models=models,
-                          queue=shared_queue(), index_lock=index_lock)
-        except ValueError as exc:
-            st.error(parts.md(str(exc)))
+                          queue=shared_queue(), index_lock=index_lock, principal=who)
+        except ValueError as exc:  # a refusal (busy chat, quota, model) or a chat error
+            st.error(parts.md(public_message(exc, "Asking")))
         else:
             st.rerun()

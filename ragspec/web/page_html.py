@@ -32,6 +32,7 @@ from ragspec.terminal import printable
 DRAFT_COLOUR = "#ffe38a"
 OWN_COLOUR = "#d5ecff"
 ECHO_STYLE = "background:none;text-decoration:underline dotted #8a8a8a;text-underline-offset:3px"
+QUOTE_COLOUR = "#c8f0d8"  # quoted: found word for word in a passage, not a draft
 
 # Characters Markdown (and Streamlit's extensions: :emoji:, :red[...], $math$) would interpret.
 _MARKDOWN_CHARS = "\\`*_{}[]()#+-.!|~$:<>&\"'="
@@ -42,6 +43,7 @@ _ENTITIES[ord("\r")] = ""
 STYLE = f"""<style>
 mark.rs-draft {{ background: {DRAFT_COLOUR}; padding: 0 1px; border-radius: 3px; }}
 mark.rs-echo {{ {ECHO_STYLE}; color: inherit; }}
+mark.rs-quote {{ background: {QUOTE_COLOUR}; padding: 0 1px; border-radius: 3px; }}
 .rs-answer, .rs-passage {{ line-height: 1.6; }}
 .rs-passage {{ font-size: 0.9em; border-left: 3px solid #ddd; padding-left: 0.6em; }}
 .rs-legend {{ font-size: 0.85em; color: #555; }}
@@ -65,12 +67,24 @@ def escape_text(text: str, *, inline: bool = False) -> str:
     return text.translate(_ENTITIES)
 
 
-def _mark(inner: str, title: str, source: str = PASSAGE) -> str:
-    """A highlighted copy from a passage, or an underlined repeat (any other draft source)."""
-    if source == PASSAGE:
-        return (f'<mark class="rs-draft" style="background:{DRAFT_COLOUR}" '
+def _mark(inner: str, title: str, kind: str = "draft") -> str:
+    """A highlighted copy from a passage ("draft"), a quoted span ("quote"), or an underlined
+    repeat of the answer's own text or of the question ("echo": any other draft source)."""
+    if kind == "echo":
+        return (f'<mark class="rs-echo" style="{ECHO_STYLE}" '
                 f'title="{escape_text(title)}">{inner}</mark>')
-    return f'<mark class="rs-echo" style="{ECHO_STYLE}" title="{escape_text(title)}">{inner}</mark>'
+    colour = QUOTE_COLOUR if kind == "quote" else DRAFT_COLOUR
+    return (f'<mark class="rs-{kind}" style="background:{colour}" '
+            f'title="{escape_text(title)}">{inner}</mark>')
+
+
+def quote_title(span, passages: Sequence = ()) -> str:
+    """The hover text of a quoted span: which passage holds it word for word."""
+    o = span.origin
+    if o is not None and isinstance(o.source, int) and 0 <= o.source < len(passages):
+        return (f"quoted: found word for word in {passage_label(o.source, passages[o.source])}, "
+                f"characters {o.char_start}-{o.char_end} (the server reports no drafts)")
+    return "quoted: found word for word in a passage"
 
 
 def span_title(span, passages: Sequence = ()) -> str:
@@ -100,7 +114,12 @@ def spans_html(spans: Iterable, passages: Sequence = ()) -> str:
         if not inner:
             continue
         source = draft_source(span)
-        out.append(inner if source is None else _mark(inner, span_title(span, passages), source))
+        if source is not None:
+            inner = _mark(inner, span_title(span, passages),
+                          "draft" if source == PASSAGE else "echo")
+        elif getattr(span, "quoted", False):
+            inner = _mark(inner, quote_title(span, passages), "quote")
+        out.append(inner)
     return f'<div class="rs-answer">{"".join(out)}</div>'
 
 
@@ -126,21 +145,32 @@ def sources_html(spans: Iterable, passages: Sequence = ()) -> str:
     return f"<div>{listed}{note}</div>"
 
 
-def passage_html(text: str, ranges: Sequence[tuple[int, int]] = ()) -> str:
-    """A passage as one HTML line with the given character ranges marked."""
+def passage_html(text: str, ranges: Sequence[tuple[int, int]] = (),
+                 quoted: Sequence[tuple[int, int]] = ()) -> str:
+    """A passage as one HTML line with the given character ranges marked (copied by accepted
+    drafts; `quoted`: found word for word in the answer, in the quote colour)."""
     out, pos = [], 0
-    for start, end in merge_ranges(list(ranges)):
+    marks = [(s, e, "draft") for s, e in merge_ranges(list(ranges))]
+    marks += [(s, e, "quote") for s, e in merge_ranges(list(quoted))]
+    for start, end, kind in sorted(marks):
         start, end = max(start, pos), min(end, len(text))
         if end <= start:
             continue
         out.append(escape_text(text[pos:start]))
-        out.append(_mark(escape_text(text[start:end]), "copied into the answer"))
+        title = "copied into the answer" if kind == "draft" else "quoted in the answer"
+        out.append(_mark(escape_text(text[start:end]), title, kind))
         pos = end
     out.append(escape_text(text[pos:]))
     return f'<div class="rs-passage">{"".join(out)}</div>'
 
 
-def legend_html() -> str:
+def legend_html(quoted: bool = False) -> str:
+    """The legend; `quoted` for an answer from a server that reports no drafts."""
+    if quoted:
+        return (f'<div class="rs-legend"><mark class="rs-quote-legend" style="background:'
+                f'{QUOTE_COLOUR}">quoted</mark> = found word for word in a passage. This '
+                f'server does not report its drafts, so none are shown. Hover a quote to see '
+                f'its passage.</div>')
     return (f'<div class="rs-legend"><mark class="rs-draft-legend" style="background:'
             f'{DRAFT_COLOUR}">highlighted</mark> = accepted draft copied from a passage by the '
             f'n-gram drafter and confirmed by the model in one forward pass (hover it to see '

@@ -15,12 +15,16 @@ from pathlib import Path
 import streamlit as st
 
 from ragspec import describe
+from ragspec.accounts import audit, policy
+from ragspec.decoding.types import DraftConfig
+from ragspec.pipeline import PipelineConfig
 from ragspec.retrieval.records import SEARCH_MODES
 from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS
 from ragspec.web import page_html as rd
 from ragspec.web import uploads
 from ragspec.web.answering import ACTIVE, AnswerSettings
-from ragspec.web.chats import ChatStore
+from ragspec.web.chats import ChatError, ChatStore
+from ragspec.web.public_errors import public_message
 
 LIVE_REFRESH_SECONDS = 0.5
 
@@ -79,7 +83,7 @@ def show_answer(record: dict) -> None:
 def show_refusal(passages, scores) -> None:
     """The "not in your documents" reply: no answer was generated; the closest passages."""
     st.info("\U0001F50E " + NOT_IN_DOCUMENTS)
-    st.caption("The relevance floor is in the sidebar's settings (0 turns it off).")
+    st.caption("The relevance floor is in the sidebar's Advanced settings (0 turns it off).")
     for i, p in enumerate(passages):
         score = f" · score {scores[i]:.2f}" if i < len(scores) and scores[i] is not None else ""
         st.markdown(f"<div class=\"rs-closest\"><b>{rd.escape_text(describe.passage_label(i, p))}</b>"
@@ -87,18 +91,33 @@ def show_refusal(passages, scores) -> None:
         st.markdown(rd.passage_html(p.text, []), unsafe_allow_html=True)
 
 
-def show_stats(run: dict, baseline: dict | None) -> None:
+def speed_line(run: dict, baseline: dict | None) -> str:
+    """The answer's speed in one line: tokens/s, tokens and seconds, and against speculation
+    off when the answer was run side by side."""
     s = run["stats"]
-    row = ("| tokens/s | seconds | forward passes | drafted | accepted |"
-           + (" speedup |" if baseline else "") + "\n|---|---|---|---|---|"
-           + ("---|" if baseline else "") + "\n"
-           + f"| {s.tokens_per_s:.1f} | {s.seconds:.2f} | {s.forward_passes} | "
-             f"{s.drafted_tokens} | {s.accepted_tokens} |")
+    line = f"\u26a1 {s.tokens_per_s:.1f} tokens/s \u00b7 {s.new_tokens} tokens in {s.seconds:.2f} s"
     if baseline:
-        row += f" {describe.seconds_speedup(baseline['stats'].seconds, s.seconds):.2f}× |"
-    st.markdown(row)
-    if s.drafted_tokens:
-        with st.expander("Speculation stats"):
+        speedup = describe.seconds_speedup(baseline["stats"].seconds, s.seconds)
+        line += f" \u00b7 {speedup:.2f}\u00d7 speculation off"
+    elif s.drafted_tokens:
+        line += f" \u00b7 {100 * s.accept_rate:.0f}% of drafted tokens accepted"
+    return line
+
+
+def show_stats(run: dict, baseline: dict | None) -> None:
+    """The speed line under the answer; the whole table in the "Speculation stats" expander."""
+    s = run["stats"]
+    st.caption(speed_line(run, baseline))
+    with st.expander("Speculation stats"):
+        row = ("| tokens/s | seconds | forward passes | drafted | accepted |"
+               + (" speedup |" if baseline else "") + "\n|---|---|---|---|---|"
+               + ("---|" if baseline else "") + "\n"
+               + f"| {s.tokens_per_s:.1f} | {s.seconds:.2f} | {s.forward_passes} | "
+                 f"{s.drafted_tokens} | {s.accepted_tokens} |")
+        if baseline:
+            row += f" {describe.seconds_speedup(baseline['stats'].seconds, s.seconds):.2f}× |"
+        st.markdown(row)
+        if s.drafted_tokens:
             st.markdown(f"Acceptance rate **{100 * s.accept_rate:.0f}%** · mean accepted draft "
                         f"length **{s.mean_accepted_length:.2f}** tokens · "
                         f"{s.new_tokens} tokens in {s.forward_passes + 1} forwards")
@@ -113,12 +132,16 @@ def show_sources(spans, passages, scores) -> None:
         with st.expander(f"Where the highlighted spans came from ({len(copies)})"):
             st.markdown(rd.sources_html(spans, passages), unsafe_allow_html=True)
     copied = describe.copied_ranges(spans)
+    quoted = describe.copied_ranges(spans, quoted=True)
+    if quoted:
+        st.markdown(rd.legend_html(quoted=True), unsafe_allow_html=True)
     with st.expander(f"Passages used ({len(passages)})"):
         for i, p in enumerate(passages):
             score = f" · score {scores[i]:.2f}" if i < len(scores) and scores[i] is not None else ""
             st.markdown(f"<div><b>{rd.escape_text(describe.passage_label(i, p))}</b>{score} · "
                         f"char {p.start}</div>", unsafe_allow_html=True)
-            st.markdown(rd.passage_html(p.text, copied.get(i, [])), unsafe_allow_html=True)
+            st.markdown(rd.passage_html(p.text, copied.get(i, []), quoted.get(i, [])),
+                        unsafe_allow_html=True)
 
 
 def _waiting_text(snap: dict) -> str:
@@ -163,8 +186,9 @@ def live_answer(chat_id: str) -> None:
 # -- sidebar ------------------------------------------------------------------------------------
 
 
-def sidebar_chats(chats: ChatStore, current: str | None) -> None:
-    """New chat, and the saved chats (most recent first), each to open or delete."""
+def sidebar_chats(chats: ChatStore, current: str | None, who: policy.Principal) -> None:
+    """New chat, and the saved chats this user may see (most recent first), each to open or
+    delete."""
     st.header("Chats")
     if st.button("\u2795 New chat", key="new-chat", use_container_width=True):
         st.query_params.clear()
@@ -180,33 +204,58 @@ def sidebar_chats(chats: ChatStore, current: str | None) -> None:
             st.query_params["chat"] = c.id
             st.rerun()
         if right.button("\u2715", key=f"delete-chat-{c.id}", help=f"Delete the chat “{label}”"):
+            try:
+                chats.delete(c.id)  # refused for a chat this user may not see
+            except ChatError as exc:
+                st.error(md(public_message(exc, "Deleting the chat")))
+                return
             job = ACTIVE.get(c.id)
             if job is not None:
                 job.stop()
-            chats.delete(c.id)
+            audit.record("chat-delete", who.label, chat=c.id)
             if c.id == current:
                 st.query_params.clear()
             st.rerun()
 
 
-def sidebar_documents(store, lock, upload_root: Path) -> None:
-    """Upload box (each new file stored by content and ingested) and the indexed documents."""
-    from ragspec.retrieval.errors import RetrievalError
+def choose_collection(who: policy.Principal) -> str:
+    """The collection this session asks and shows: the shared documents, or the user's own
+    (offered only when the owner granted them an upload quota)."""
+    names = policy.collections(who)
+    if len(names) == 1:
+        return names[0]
+    labels = {policy.SHARED: "Shared documents", who.name: "My documents"}
+    return st.radio("Collection", names, format_func=labels.get, key="collection",
+                    horizontal=True,
+                    help="Questions search this collection. Your own documents are seen only "
+                         "by you.")
+
+
+def sidebar_documents(store, lock, upload_root: Path, who: policy.Principal,
+                      collection: str = policy.SHARED) -> None:
+    """Upload box (each new file stored by content and ingested) and the indexed documents;
+    the upload box and the remove buttons only for whoever may manage this collection."""
     from ragspec.retrieval.ingest import SUPPORTED_SUFFIXES
 
     st.header("Documents")
-    # No `type=` filter: Streamlit would reject other files with an exception before this
-    # script runs; checking here turns them into a visible message instead.
-    files = st.file_uploader(
-        "Add documents", accept_multiple_files=True, key="uploader",
-        help="Supported: " + ", ".join(sorted(SUPPORTED_SUFFIXES))
-             + ". Ingested into the same index as `ragspec ingest`.",
-    )
-    done = st.session_state.setdefault("ingested_ids", set())
-    for f in files or []:
-        if f.file_id not in done:
-            done.add(f.file_id)
-            _ingest_one(f, store, lock, upload_root)
+    try:
+        policy.require_manage(who, collection)
+        manages = True
+    except policy.Denied:
+        manages = False
+    if manages:
+        # No `type=` filter: Streamlit would reject other files with an exception before this
+        # script runs; checking here turns them into a visible message instead.
+        files = st.file_uploader(
+            "Add documents", accept_multiple_files=True, key="uploader",
+            help="Supported: " + ", ".join(sorted(SUPPORTED_SUFFIXES))
+                 + ". Ingested into the same index as `ragspec ingest`.",
+        )
+        done = st.session_state.setdefault("ingested_ids", set())
+        for f in files or []:
+            if f.file_id not in done:
+                done.add(f.file_id)
+                _ingest_one(f, store, lock, upload_root, who, collection)
     docs = store.documents()
     if not docs:
         st.caption("No documents yet.")
@@ -215,18 +264,30 @@ def sidebar_documents(store, lock, upload_root: Path) -> None:
         left, right = st.columns([4, 1])
         left.markdown(f"<div>{rd.escape_text(name, inline=True)} <small>({doc.passages} "
                       f"passages)</small></div>", unsafe_allow_html=True)
-        if right.button("\u2715", key=f"remove-{doc.doc_id}",
-                        help=f"Remove {md(name)} ({doc.doc_id[:8]}) from the index"):
+        if manages and right.button("\u2715", key=f"remove-{doc.doc_id}",
+                                    help=f"Remove {md(name)} ({doc.doc_id[:8]}) from the index"):
             try:
+                policy.require_manage(who, collection)  # checked again where it happens
                 uploads.remove_document(store, doc.doc_id, doc.source, upload_root, lock=lock)
-            except RetrievalError as exc:
-                st.error(md(f"Could not remove {name}: {exc}"))
+            except Exception as exc:  # a store error names the index folder: log it, say less
+                st.error(md(f"Could not remove {name}: "
+                            f"{public_message(exc, 'Removing the document')}"))
             else:
+                audit.record("remove", who.label, collection=collection, doc_id=doc.doc_id,
+                             name=name)
                 st.rerun()
 
 
-def _ingest_one(f, store, lock, upload_root: Path) -> None:
+def _ingest_one(f, store, lock, upload_root: Path, who: policy.Principal,
+                collection: str) -> None:
     shown = uploads.safe_name(f.name)
+    try:
+        policy.require_manage(who, collection)
+        if who.quotas.upload_bytes is not None:
+            policy.check_upload(who, policy.folder_bytes(upload_root), f.size)
+    except policy.Denied as exc:
+        st.error(md(f"{shown}: {exc}"))
+        return
     bar = st.progress(0.0, text=f"Ingesting {md(shown)}...")
 
     def progress(event) -> None:
@@ -240,42 +301,65 @@ def _ingest_one(f, store, lock, upload_root: Path) -> None:
                                         progress=progress)
     finally:
         bar.empty()
-    text = md(f"{outcome.name}: {outcome.message}")
+    message = outcome.message
+    if outcome.failed and str(store.index_dir) in message:
+        message = public_message(RuntimeError(message), "Adding the document")
+    text = md(f"{outcome.name}: {message}")
     if outcome.failed:
         st.error(text)
     elif outcome.status == "unchanged":
         st.info(text)
     else:
+        audit.record("upload", who.label, collection=collection, name=outcome.name,
+                     status=outcome.status, bytes=f.size, passages=outcome.passages)
         st.success(text)
 
 
-def sidebar_settings(model_names: list[str]) -> AnswerSettings:
+DEFAULT_ANSWER_TOKENS = 256
+MAX_ANSWER_TOKENS = 1024
+
+
+def model_names_for(who: policy.Principal, names: list[str], loaded: list[str]) -> list[str]:
+    """The models this user may pick: all for an owner; the first and the loaded ones for a
+    member (loading another is the owner's call; ragspec.accounts.policy)."""
+    return [n for n in names if policy.may_use_model(who, n, names[0], loaded)]
+
+
+def sidebar_settings(model_names: list[str], who: policy.Principal | None = None,
+                     loaded: list[str] = ()) -> AnswerSettings:
+    """The model and the speculation toggles in view; the engine's other settings under
+    "Advanced", at the defaults `ragspec bench` measures with (DraftConfig, PipelineConfig)."""
+    who = who or policy.Principal.single_user()
+    draft, pipe = DraftConfig(), PipelineConfig()
     st.header("Settings")
-    model = st.selectbox("Model", model_names, key="model",
+    model = st.selectbox("Model", model_names_for(who, model_names, list(loaded)), key="model",
                          help="The models this server offers (set by whoever started it).")
-    speculate = st.toggle("Speculation", value=True, help="Copy drafts from the passages.",
+    speculate = st.toggle("Speculation", value=draft.enabled, help="Copy drafts from the passages.",
                           key="speculate")
     side_by_side = st.toggle("Side by side (speculation off vs on)", value=False,
                              key="side_by_side")
-    max_ngram = st.slider("Maximum n-gram size", 1, 8, 4, key="max_ngram")
-    max_draft = st.slider("Maximum draft length", 1, 32, 16, key="max_draft")
-    adaptive = st.toggle("Adaptive drafting", value=True,
-                         help="Choose each draft's length from acceptance so far and the "
-                              "measured cost of a forward.", key="adaptive")
-    temperature = st.slider("Temperature (0 = greedy)", 0.0, 1.5, 0.0, step=0.1,
-                            key="temperature")
-    k = st.slider("Passages per question", 1, 8, 4, key="k")
-    search = st.selectbox(
-        "Search", SEARCH_MODES, index=SEARCH_MODES.index(DEFAULT_SEARCH), key="search",
-        help="dense: embedding similarity only; hybrid: fused with keyword (BM25) ranking, "
-             "which finds exact names, codes and numbers.")
-    min_score = st.slider(
-        "Relevance floor", 0.0, 0.9, DEFAULT_MIN_SCORE, step=0.05, key="min_score",
-        help="When no passage is at least this similar to the question, the answer says that "
-             "your documents do not appear to contain it and shows the closest passages, "
-             "without asking the model. 0 turns this off.")
-    max_new_tokens = st.number_input("Maximum answer tokens", 8, 1024, 256, step=8,
-                                     key="max_new_tokens")
+    token_cap = min(MAX_ANSWER_TOKENS, who.quotas.answer_tokens or MAX_ANSWER_TOKENS)
+    with st.expander("Advanced"):
+        max_ngram = st.slider("Maximum n-gram size", 1, 8, draft.max_ngram, key="max_ngram")
+        max_draft = st.slider("Maximum draft length", 1, 32, draft.max_draft, key="max_draft")
+        adaptive = st.toggle("Adaptive drafting", value=draft.adaptive,
+                             help="Choose each draft's length from acceptance so far and the "
+                                  "measured cost of a forward.", key="adaptive")
+        temperature = st.slider("Temperature (0 = greedy)", 0.0, 1.5, 0.0, step=0.1,
+                                key="temperature")
+        k = st.slider("Passages per question", 1, 8, pipe.k, key="k")
+        search = st.selectbox(
+            "Search", SEARCH_MODES, index=SEARCH_MODES.index(DEFAULT_SEARCH), key="search",
+            help="dense: embedding similarity only; hybrid: fused with keyword (BM25) ranking, "
+                 "which finds exact names, codes and numbers.")
+        min_score = st.slider(
+            "Relevance floor", 0.0, 0.9, DEFAULT_MIN_SCORE, step=0.05, key="min_score",
+            help="When no passage is at least this similar to the question, the answer says "
+                 "that your documents do not appear to contain it and shows the closest "
+                 "passages, without asking the model. 0 turns this off.")
+        max_new_tokens = st.number_input("Maximum answer tokens", 8, token_cap,
+                                         min(DEFAULT_ANSWER_TOKENS, token_cap), step=8,
+                                         key="max_new_tokens")
     return AnswerSettings(model=model, k=k, max_new_tokens=int(max_new_tokens), search=search,
                           min_score=float(min_score),
                           temperature=float(temperature), speculate=speculate,

@@ -14,8 +14,10 @@ Contract:
     folder or the file should be is refused, never followed.
   * When the ingest fails (or is interrupted) the disk is put back exactly as it was: a file
     or folder this upload created is removed; a copy that was already there is left alone.
-  * Callers serialise uploads, searches and removals of one in-memory store with `lock` (a
-    threading lock): the store object is shared by every browser session of the process.
+  * `lock` (a threading lock shared by every browser session of the process, which searches and
+    removals of the shared store take too) is held only while this upload changes the store: its
+    commit, and the short step that stores the file. Reading, parsing and embedding the upload
+    happen outside it, so answers waiting to search never wait for an upload to be embedded.
   * Messages never carry server paths: they name the upload by its (safe) file name.
 """
 
@@ -24,17 +26,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import unicodedata
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragspec.fileio import write_atomically
 from ragspec.retrieval.errors import RetrievalError
 from ragspec.retrieval.limits import size_text
 
-NAME_BYTES = 200  # well under the 255 bytes most file systems allow, leaving room for ".tmp"
+NAME_BYTES = 200  # under the 255 bytes file systems allow, with room for a temporary name
 DIGEST_CHARS = 16  # 64 bits of the sha256: distinct contents never meet in practice
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")
 
@@ -100,20 +102,6 @@ def _refuse_links(folder: Path, target: Path, name: str) -> None:
             )
 
 
-def write_atomically(folder: Path, target: Path, data: bytes) -> None:
-    """data into target via a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=".upload-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @dataclass
 class StoredUpload:
     """Where an upload lies, and what this upload created (to undo on failure)."""
@@ -148,7 +136,7 @@ def store_upload(root: Path, name: str, data: bytes, store) -> StoredUpload:
             existing = _existing_copy(folder, Path(safe).suffix.lower())
             if existing is not None:
                 return StoredUpload(existing, False, False)
-            write_atomically(folder, target, data)
+            write_atomically(target, data, mode=0o600)
             return StoredUpload(target, True, created_folder)
     except OSError as exc:
         raise UploadError(f"{safe}: could not store the upload ({exc.strerror or exc})") from exc
@@ -173,19 +161,19 @@ def ingest_upload(root: Path, name: str, data: bytes, store, *,
     if len(data) > limit:
         return UploadOutcome(safe, "failed", f"{size_text(len(data))} is over the upload limit of "
                                              f"{size_text(limit)} (RAGSPEC_MAX_FILE_MB raises it)")
-    with lock or nullcontext():
-        try:
-            stored = store_upload(root, name, data, store)
-        except (UploadError, RetrievalError) as exc:
-            return UploadOutcome(safe, "failed", _public(str(exc), root))
-        try:
-            report = ingest_paths([stored.path], store, progress=progress)
-        except (RetrievalError, OSError, ValueError) as exc:
-            stored.undo()
-            return UploadOutcome(safe, "failed", _public(str(exc), root))
-        except BaseException:  # Ctrl-C, or the page rerunning mid-ingest: leave no trace
-            stored.undo()
-            raise
+    committing = store if lock is None else _CommitsUnder(store, lock)
+    try:
+        stored = store_upload(root, name, data, committing)
+    except (UploadError, RetrievalError) as exc:
+        return UploadOutcome(safe, "failed", _public(str(exc), root))
+    try:
+        report = ingest_paths([stored.path], committing, progress=progress)
+    except (RetrievalError, OSError, ValueError) as exc:
+        stored.undo()
+        return UploadOutcome(safe, "failed", _public(str(exc), root))
+    except BaseException:  # Ctrl-C, or the page rerunning mid-ingest: leave no trace
+        stored.undo()
+        raise
     if report.failed:
         stored.undo()
         return UploadOutcome(safe, "failed", _public(report.failed[0][1], root))
@@ -193,8 +181,25 @@ def ingest_upload(root: Path, name: str, data: bytes, store, *,
         known = "" if stored.path.name == safe else f" as {stored.path.name}"
         return UploadOutcome(safe, "unchanged", f"already in the index{known}, unchanged")
     status = "updated" if report.updated else "added"
-    return UploadOutcome(safe, status, f"{status} ({report.passages_added} passages)",
+    read_as = "".join(f", read as {name}" for name in report.encodings.values())
+    return UploadOutcome(safe, status, f"{status} ({report.passages_added} passages{read_as})",
                          report.passages_added)
+
+
+class _CommitsUnder:
+    """`store`, with `lock` taken around each `writing()` block (where changes and commits
+    happen) and nowhere else; every other attribute is the store's own."""
+
+    def __init__(self, store, lock: AbstractContextManager) -> None:
+        self._store, self._lock = store, lock
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    @contextmanager
+    def writing(self, *args, **kwargs):
+        with self._lock, self._store.writing(*args, **kwargs) as store:
+            yield store
 
 
 def is_upload(source: str | os.PathLike, root: Path) -> bool:

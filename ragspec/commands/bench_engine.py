@@ -1,0 +1,156 @@
+"""`ragspec bench-engine`: forward costs of ragspec and llama.cpp on the same GGUF files at real
+model shapes, against this machine's physical bound.
+
+The logic lives in ragspec.bench.engine (measuring) and ragspec.bench.shapes (the files); this
+module parses options and reports. Progress goes to stderr, the table (or --json) to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import click
+
+from ragspec.terminal import printable
+
+
+def _names(value: str, known, what: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise click.UsageError(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}")
+    return names
+
+
+@click.command("bench-engine")
+@click.option("--shapes", "shape_names", default="smollm2-135m,smollm2-360m,smollm2-1.7b",
+              show_default=True, metavar="S,S...",
+              help="Model shapes (random weights at published configs): see --list.")
+@click.option("--mixes", default="Q4_0,Q4_K_M", show_default=True, metavar="M,M...",
+              help="llama.cpp quantisation mixes of the files: Q4_0, Q4_K_M, Q8_0.")
+@click.option("--engines", default="ragspec,llamacpp", show_default=True, metavar="E,E...",
+              help="ragspec (packed weights, its kernels) and llamacpp (llama-cpp-python, when "
+                   "installed: `make bench-anchors`).")
+@click.option("--context", default=800, show_default=True, type=click.IntRange(16, 4000),
+              help="Cached tokens before each measured forward, and the prefill's length.")
+@click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(1, 64),
+              help="Measure forwards over 1..N new tokens.")
+@click.option("--rounds", default=5, show_default=True, type=click.IntRange(1, 50),
+              help="Times each size is measured (a low quantile is kept).")
+@click.option("--dir", "folder", default=None, type=click.Path(file_okay=False),
+              help="Keep the GGUF files here (default: a temporary folder, removed after).")
+@click.option("--list", "list_only", is_flag=True, help="List the shapes and exit.")
+@click.option("--out", default=None, type=click.Path(dir_okay=False), help="Write the JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def bench_engine(shape_names, mixes, engines, context, max_tokens, rounds, folder, list_only,
+                 out, as_json):
+    """Per-token cost of ragspec against llama.cpp and against this machine's physical bound.
+
+    Writes a GGUF file of random weights for each shape and quantisation mix, then measures
+    each engine on it in a subprocess of its own: resident memory, prefill of --context tokens,
+    and c(k), a forward over k new tokens after --context cached ones with logits for each of
+    them (what a speculative verify needs). The bound of each forward is max(weight bytes /
+    read bandwidth, 2 x multiply-accumulates x k / peak fp32 GEMM FLOP/s), both measured here.
+    Random weights measure cost only: acceptance comes from the bundled model (scripts/replay.py).
+    """
+    from ragspec.bench import engine as eng
+    from ragspec.bench import shapes
+
+    if list_only:
+        for name, (kind, values) in shapes.SHAPES.items():
+            click.echo(f"{name:16} {kind:12} {values.get('hidden_size', values.get('n_embd'))} hidden, "
+                       f"{values.get('num_hidden_layers', values.get('n_layer'))} layers")
+        return
+    chosen = _names(shape_names, shapes.SHAPES, "shape(s)")
+    mix_list = _names(mixes, shapes.FORMATS, "mix(es)")
+    engine_list = _names(engines, eng.ENGINES, "engine(s)")
+    if "llamacpp" in engine_list:
+        from ragspec.bench.llamacpp import available
+
+        if not available():
+            click.echo("llama-cpp-python is not installed (`make bench-anchors`): ragspec only",
+                       err=True)
+            engine_list.remove("llamacpp")
+    threads = len(os.sched_getaffinity(0))
+    click.echo("Measuring this machine's limits...", err=True)
+    results = {"limits": eng.machine_limits(), "context": context, "threads": threads,
+               "files": []}
+    with tempfile.TemporaryDirectory(prefix="ragspec-shapes-") as scratch:
+        where = Path(folder) if folder else Path(scratch)
+        where.mkdir(parents=True, exist_ok=True)
+        for name in chosen:
+            for mix in mix_list:
+                results["files"].append(_one(eng, shapes, name, mix, where, engine_list, context,
+                                             max_tokens, rounds, threads, results["limits"]))
+                if not folder:
+                    (where / f"{name}-{mix}.gguf").unlink(missing_ok=True)
+    if out:
+        Path(out).write_text(json.dumps(results, indent=1))
+    if as_json:
+        click.echo(json.dumps(results))
+    else:
+        _table(results)
+
+
+def _one(eng, shapes, name, mix, where, engine_list, context, max_tokens, rounds, threads,
+         limits) -> dict:
+    from ragspec.decoding.packing import meta_model_from_config, targets
+
+    path = where / f"{name}-{mix}.gguf"
+    if not path.is_file():
+        click.echo(f"Writing {path.name}...", err=True)
+        shapes.write_gguf(name, mix, path)
+    meta = meta_model_from_config(shapes.config(name))
+    kinds = targets(meta)
+    macs = sum(p.numel() for n, p in meta.named_parameters() if kinds.get(n) in ("linear", "conv1d"))
+    if meta.get_output_embeddings() is not None and "lm_head.weight" not in dict(meta.named_parameters()):
+        macs += meta.get_input_embeddings().weight.numel()  # a tied head multiplies the embedding
+    entry = {"shape": name, "mix": mix, "file_mb": path.stat().st_size / 1e6, "macs": macs}
+    for engine in engine_list:
+        click.echo(f"{engine} on {path.name}...", err=True)
+        try:
+            entry[engine] = eng.measure_file(engine, path, name, mix, context, max_tokens,
+                                             rounds, threads)
+        except RuntimeError as exc:
+            entry[engine] = {"error": str(exc)}
+            click.echo(f"  failed: {printable(str(exc))}", err=True)
+    weight_bytes = entry.get("ragspec", {}).get("packed_bytes") or path.stat().st_size
+    entry["bound"] = [eng.roofline(weight_bytes, macs, k, limits) for k in range(1, max_tokens + 1)]
+    return entry
+
+
+def _table(results: dict) -> None:
+    limits = results["limits"]
+    best = limits[f"t{limits['cores']}"]
+    click.echo(f"{limits['cpu']}, {limits['cores']} cores: read {best['read_gb_s']:.1f} GB/s, "
+               f"fp32 GEMM {best['gemm_gflop_s']:.0f} GFLOP/s (1 core: "
+               f"{limits['t1']['read_gb_s']:.1f} GB/s, {limits['t1']['gemm_gflop_s']:.0f} GFLOP/s)")
+    click.echo(f"c(k): ms per forward over k new tokens after {results['context']} cached ones")
+    click.echo("RSS/file: resident memory the loaded model added (after a first forward), over "
+               "the file's size")
+    head = (f"{'shape':15} {'mix':7} {'MB':>6} | {'engine':8} {'RSS/file':>8} {'prefill s':>9} "
+            f"{'c(1)':>7} {'c(4)':>7} {'c(16)':>7} | {'bound c(1)':>10} {'c(16)':>7} {'worst c/bound':>13}")
+    click.echo(head)
+    for f in results["files"]:
+        bound = f["bound"]
+        for engine in ("ragspec", "llamacpp"):
+            r = f.get(engine)
+            if r is None:
+                continue
+            if "error" in r:
+                click.echo(f"{f['shape']:15} {f['mix']:7} {f['file_mb']:>6.0f} | {engine:8} failed: "
+                           f"{printable(r['error'])[:80]}")
+                continue
+            c = r["c"]
+            worst = max(ci / bi for ci, bi in zip(c, bound, strict=False))
+            cells = " ".join(f"{1000 * c[k - 1]:>7.1f}" if len(c) >= k else f"{'-':>7}"
+                             for k in (1, 4, 16))
+            click.echo(f"{f['shape']:15} {f['mix']:7} {f['file_mb']:>6.0f} | {engine:8} "
+                       f"{r['rss_mb'] / f['file_mb']:>8.2f} {r['prefill_s']:>9.2f} {cells} | "
+                       f"{1000 * bound[0]:>10.1f} {1000 * bound[-1]:>7.1f} {worst:>13.2f}")
+
+
+COMMANDS = [bench_engine]

@@ -1,0 +1,210 @@
+// Attention for decode and verify forwards whose rows do not depend on each other's presence.
+//
+// out[t, h] = Σ_j softmax_j(q[t, h] · k[j] · scale) v[j] over the keys row t may see: the
+// contiguous range lo[t] .. hi[t] of the cache (causal, sliding windows: whatever the mask says,
+// as long as it is one range per row). The loops over keys start at lo[t] and visit the keys in
+// order, so a row sees the same arithmetic whether it is computed alone (a one-token step) or
+// with the draft rows after it (a verify forward): bit-identical results, which is what keeps
+// greedy speculation exact. Optional logit soft-capping (cap · tanh(s / cap)) as Gemma 2 uses.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RS_AVX2 1
+#endif
+
+namespace rs {
+
+// e^x for x <= 0 (softmax inputs after subtracting the maximum): 2^n · p(r), n = round(x / ln 2),
+// r = x − n ln 2 split in two parts, p a degree-6 Taylor polynomial (|r| ≤ ln 2 / 2: relative
+// error below 2e-7). The scalar and vector forms do the same operations.
+static constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f,
+                       kLn2Lo = 1.42860682030941723e-6f, kLow = -87.0f;
+
+static inline float exp_neg(float x) {
+  x = std::max(x, kLow);
+  const float n = std::nearbyint(x * kLog2e);
+  const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, x));
+  float p = 1.0f / 720.0f;
+  p = std::fma(p, r, 1.0f / 120.0f);
+  p = std::fma(p, r, 1.0f / 24.0f);
+  p = std::fma(p, r, 1.0f / 6.0f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  return std::ldexp(p, int(n));
+}
+
+#ifdef RS_AVX2
+static inline __m256 exp_neg8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(kLow));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_setzero_ps(), n), _mm256_set1_ps(kLn2Lo),
+                                   _mm256_fmadd_ps(_mm256_sub_ps(_mm256_setzero_ps(), n),
+                                                   _mm256_set1_ps(kLn2Hi), x));
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // 2^n: n in [-126, 0] here, so it fits the exponent field.
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+#endif
+
+static inline float dot(const float* a, const float* b, int64_t d) {
+#ifdef RS_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = hsum8(acc);
+#else
+  float s = 0.0f;
+  int64_t i = 0;
+#endif
+  for (; i < d; ++i) s = std::fma(a[i], b[i], s);
+  return s;
+}
+
+#ifdef RS_AVX2
+// Eight keys' dot products with q at once: acc[i] collects key i's products 8 lanes at a time,
+// then one transpose-and-add tree turns the eight accumulators into the eight sums. Every key
+// is reduced by the same tree (lane pairs in the same order), whichever block it is in.
+static inline __m256 dot8(const float* q, const float* k, int64_t stride, int64_t d) {
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + c);
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * stride + c), acc[i]);
+  }
+  const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  // lanes: [k0 k1 k2 k3 | k0 k1 k2 k3] halves of the sums for keys 0-3, and the same for 4-7
+  const __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
+  const __m256 hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+#endif
+
+// One query row against keys lo..hi: scores -> probabilities -> weighted sum of values.
+static void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
+                       int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
+                       std::vector<float>& s) {
+  const int64_t n = hi - lo + 1;
+  s.resize(n);
+  int64_t j = 0;
+#ifdef RS_AVX2
+  if (d % 8 == 0) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (; j + 8 <= n; j += 8)
+      _mm256_storeu_ps(s.data() + j, _mm256_mul_ps(dot8(q, k + (lo + j) * kstride, kstride, d), vs));
+  }
+#endif
+  for (; j < n; ++j) s[j] = dot(q, k + (lo + j) * kstride, d) * scale;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (j = 0; j < n; ++j) {
+    if (softcap > 0.0f) s[j] = softcap * std::tanh(s[j] / softcap);
+    mx = std::max(mx, s[j]);
+  }
+  float total;
+  j = 0;
+#ifdef RS_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 vmx = _mm256_set1_ps(mx);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s.data() + j), vmx));
+    _mm256_storeu_ps(s.data() + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  total = hsum8(acc);
+#else
+  total = 0.0f;
+#endif
+  for (; j < n; ++j) {
+    s[j] = exp_neg(s[j] - mx);
+    total += s[j];
+  }
+  const float inv = 1.0f / total;
+  int64_t c = 0;
+#ifdef RS_AVX2
+  // Σ_j p_j v_j, 64 dimensions at a time held in registers, keys in order
+  for (; c + 64 <= d; c += 64) {
+    __m256 o[8];
+    for (int i = 0; i < 8; ++i) o[i] = _mm256_setzero_ps();
+    for (j = 0; j < n; ++j) {
+      const __m256 p = _mm256_set1_ps(s[j]);
+      const float* vj = v + (lo + j) * vstride + c;
+      for (int i = 0; i < 8; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * i), o[i]);
+    }
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, _mm256_mul_ps(o[i], vi));
+  }
+#endif
+  for (int64_t i = c; i < d; ++i) out[i] = 0.0f;
+  for (j = 0; j < n && c < d; ++j) {
+    const float* vj = v + (lo + j) * vstride;
+    for (int64_t i = c; i < d; ++i) out[i] = std::fma(s[j], vj[i], out[i]);
+  }
+  for (int64_t i = c; i < d; ++i) out[i] *= inv;
+}
+
+// q (Hq, T, D), k/v (Hkv, L, D) with any head stride and contiguous rows, lo/hi (T) int64:
+// the first and last key each row sees. Returns (T, Hq, D).
+at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& lo_in, const at::Tensor& hi_in, double scale, double softcap) {
+  TORCH_CHECK(q_in.dim() == 3 && k.dim() == 3 && v.dim() == 3, "attend takes (heads, rows, dim) tensors");
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "attend takes fp32 keys and values");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "key and value rows must be contiguous");
+  const at::Tensor q = q_in.to(at::kFloat).contiguous();
+  const int64_t hq = q.size(0), t = q.size(1), d = q.size(2), hkv = k.size(0), len = k.size(1);
+  TORCH_CHECK(hkv > 0 && hq % hkv == 0, "query heads ", hq, " are not a multiple of key heads ", hkv);
+  TORCH_CHECK(k.size(2) == d && v.size(0) == hkv && v.size(1) == len, "key/value shapes do not match");
+  const at::Tensor lo = lo_in.to(at::kLong).contiguous(), hi = hi_in.to(at::kLong).contiguous();
+  TORCH_CHECK(lo.numel() == t && hi.numel() == t, "lo/hi need one entry per query row");
+  const int64_t* lop = lo.data_ptr<int64_t>();
+  const int64_t* hip = hi.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i)
+    TORCH_CHECK(0 <= lop[i] && lop[i] <= hip[i] && hip[i] < len, "row ", i, " sees keys ", lop[i], "..", hip[i],
+                " of ", len);
+  const int64_t dv = v.size(2);
+  at::Tensor out = at::empty({t, hq, dv}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t group = hq / hkv;
+  TORCH_CHECK(dv == d, "value and key head sizes differ");
+  at::parallel_for(0, hq * t, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> s;
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t h = task / t, row = task % t, g = h / group;
+      attend_row(qp + (h * t + row) * d, kp + g * k.stride(0), vp + g * v.stride(0), k.stride(1), v.stride(1),
+                 lop[row], hip[row], d, float(scale), float(softcap), op + (row * hq + h) * dv, s);
+    }
+  });
+  return out;
+}
+
+}  // namespace rs
+
+TORCH_LIBRARY_FRAGMENT(ragspec, m) {
+  m.def("attend(Tensor q, Tensor k, Tensor v, Tensor lo, Tensor hi, float scale, float softcap) -> Tensor",
+        &rs::attend);
+}

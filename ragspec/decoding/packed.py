@@ -1,0 +1,224 @@
+"""Linear and embedding layers whose weights stay packed (GGUF block formats) in memory.
+
+Contract: `PackedLinear(weight, bias)` computes x·Wᵀ + b and `PackedEmbedding(weight)` looks rows
+up, with W a `PackedWeight` — N rows of K values in one of GGUF's formats (Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32), as uint8 bytes, never de-quantised as a whole. Two paths,
+chosen per forward:
+
+  * step forwards (decode and verify: up to `STEP_ROWS` rows, or any forward inside
+    `step_forward()`) run `ragspec.qmatmul`, the native kernel that reads the packed rows once
+    for all input rows and whose result for one row does not depend on the others
+    (ragspec/decoding/native/qmatmul.cpp). A k-token verify therefore gives, row for row, what
+    k one-token steps give: greedy speculation stays exact on packed weights.
+  * long forwards (a prompt's prefill) are compute-bound: the weight is de-quantised in tiles
+    of rows (exactly as GGUF's own de-quantisation computes it) and multiplied with torch's
+    matmul — in bf16 where this CPU multiplies bf16 natively (measured once per process: at
+    least 1.5x the fp32 rate, e.g. AVX512-BF16 or AMX), else in fp32; RAGSPEC_PREFILL_DTYPE=
+    fp32|bf16 overrides. Prefill runs the same way whether speculation is on or off, so it
+    does not affect exactness.
+
+Which path a forward takes depends only on its shape (and the `step_forward` override), so every
+caller of the same model object — ragspec's engine and transformers' `generate` alike — runs the
+same function.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# Format name -> (code the kernels use, values per block, bytes per block).
+FORMATS: dict[str, tuple[int, int, int]] = {
+    "F32": (0, 1, 4), "F16": (1, 1, 2), "BF16": (2, 1, 2),
+    "Q4_0": (3, 32, 18), "Q4_1": (4, 32, 20), "Q8_0": (5, 32, 34),
+    "Q4_K": (6, 256, 144), "Q5_K": (7, 256, 176), "Q6_K": (8, 256, 210),
+    "Q5_0": (9, 32, 22), "Q5_1": (10, 32, 24),
+}
+# Forwards over at most this many rows are steps (decode, verify); longer ones are prefills.
+STEP_ROWS = 64
+# Prefill de-quantises at most this many values of a weight at a time.
+_TILE_VALUES = 2 << 20
+PREFILL_ENV = "RAGSPEC_PREFILL_DTYPE"
+
+_state = threading.local()
+
+
+@contextmanager
+def step_forward() -> Iterator[None]:
+    """Every packed layer takes the step path inside the block, however many rows a forward
+    has (a batched verify over many sequences is still a set of steps)."""
+    previous = getattr(_state, "step", False)
+    _state.step = True
+    try:
+        yield
+    finally:
+        _state.step = previous
+
+
+@functools.lru_cache(maxsize=1)
+def prefill_dtype() -> torch.dtype:
+    """The dtype of prefill matmuls on this machine (see the module docstring)."""
+    forced = os.environ.get(PREFILL_ENV, "").strip().lower()
+    if forced in ("fp32", "bf16"):
+        return torch.bfloat16 if forced == "bf16" else torch.float32
+    a, b = torch.randn(256, 1024), torch.randn(1024, 1024)
+
+    def best(x, y) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    fp32 = best(a, b)
+    bf16 = best(a.bfloat16(), b.bfloat16())
+    return torch.bfloat16 if 1.5 * bf16 < fp32 else torch.float32
+
+
+def _is_step(rows: int) -> bool:
+    return rows <= STEP_ROWS or getattr(_state, "step", False)
+
+
+def _ops():
+    from ragspec.decoding import native
+
+    if not native.loaded():
+        raise RuntimeError("packed weights need ragspec's native kernels: load them first "
+                           "(ragspec.decoding.native.ops)")
+    return torch.ops.ragspec
+
+
+@dataclass
+class PackedWeight:
+    """N rows (output features) of K values (input features) in a GGUF format, as bytes."""
+
+    data: torch.Tensor  # (N, bytes per row) uint8, contiguous, on the CPU
+    fmt: str
+    in_features: int
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise ValueError(f"unknown packed format {self.fmt!r}; known: {', '.join(FORMATS)}")
+        _, per_block, block_bytes = FORMATS[self.fmt]
+        if self.in_features % per_block:
+            raise ValueError(f"{self.in_features} input features are not a whole number of "
+                             f"{self.fmt} blocks of {per_block}")
+        if self.data.dtype != torch.uint8 or self.data.dim() != 2:
+            raise ValueError("packed data must be a (rows, bytes) uint8 tensor")
+        expected = self.in_features // per_block * block_bytes
+        if self.data.shape[1] != expected:
+            raise ValueError(f"{self.fmt} rows of {self.in_features} values take {expected} bytes, "
+                             f"not {self.data.shape[1]}")
+        if not self.data.is_contiguous():
+            self.data = self.data.contiguous()
+
+    @property
+    def code(self) -> int:
+        return FORMATS[self.fmt][0]
+
+    @property
+    def out_features(self) -> int:
+        return int(self.data.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` de-quantised to fp32: (len(ids), K)."""
+        return _ops().dequantize_rows(self.data, self.code, self.in_features, ids)
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole matrix in fp32 (N, K): for tests and conversions, not for running."""
+        return self.rows(torch.arange(self.out_features))
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear's computation on a PackedWeight (see the module docstring for the two paths)."""
+
+    def __init__(self, weight: PackedWeight, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.packed = weight
+        self.in_features, self.out_features = weight.in_features, weight.out_features
+        self.bias = nn.Parameter(bias.float(), requires_grad=False) if bias is not None else None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The de-quantised fp32 weight (out, in), made on each access: for model code that
+        reads a linear layer's weight directly (Mamba's dt_proj), not for the forward."""
+        return self.packed.dequantize()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        w = self.packed
+        if _is_step(rows):
+            y = _ops().qmatmul(x, w.data, w.code, w.in_features)
+        else:
+            y = self._prefill(x.reshape(rows, self.in_features).float())
+            y = y.reshape(*x.shape[:-1], self.out_features)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+    def _prefill(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = prefill_dtype()
+        x = x.to(dtype)
+        step = max(1, _TILE_VALUES // self.in_features)
+        if step >= self.out_features:  # one tile: no copy into a result buffer
+            return (x @ self.packed.rows(torch.arange(self.out_features)).to(dtype).t()).float()
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        for start in range(0, self.out_features, step):
+            end = min(self.out_features, start + step)
+            tile = self.packed.rows(torch.arange(start, end)).to(dtype)
+            out[:, start:end] = x @ tile.t()
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"format={self.packed.fmt}, bias={self.bias is not None}")
+
+
+class PackedEmbedding(nn.Module):
+    """nn.Embedding's lookup on a PackedWeight; `scale` multiplies the rows as the model's
+    own embedding does (Gemma scales by √hidden)."""
+
+    def __init__(self, weight: PackedWeight, padding_idx: int | None = None,
+                 scale: torch.Tensor | float | None = None):
+        super().__init__()
+        self.packed = weight
+        self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
+        self.padding_idx = padding_idx
+        self.scale = scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.packed.rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
+        if self.scale is not None:
+            rows = rows * (self.scale.to(rows.dtype) if torch.is_tensor(self.scale) else self.scale)
+        return rows
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, format={self.packed.fmt}"
+
+
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes of packed weights in `model` (a shared weight counted once)."""
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, (PackedLinear, PackedEmbedding)):
+            seen[module.packed.data.data_ptr()] = module.packed.nbytes
+    return sum(seen.values())
+
+
+def packed_formats(model: nn.Module) -> list[str]:
+    """The packed formats `model` runs, sorted ([] for a model without packed layers)."""
+    return sorted({m.packed.fmt for m in model.modules()
+                   if isinstance(m, (PackedLinear, PackedEmbedding))})

@@ -1,0 +1,400 @@
+"""MilvusStore: the passages in Milvus — Milvus Lite (a local file) or a Milvus server.
+
+Contract: everything `store_base.StoreBase` states, on Milvus (backends.py parses the
+locations: `milvus:PATH.db` for Milvus Lite, `milvus://HOST:PORT/COLLECTION` for a server).
+Passages are added and deleted through langchain-milvus's `Milvus` vector store; searches go to
+the same collection through its pymilvus client, because they need a filter (see below) and
+the BM25 field, and that vector store's own dense search refuses a collection holding both.
+
+Collections, named from the location's collection name N (default "ragspec"):
+  N             one row per passage: pk = "<passage id>@<gen>", pid, doc_id, gen, page (0 =
+                none), start, text (analysed: standard tokenizer, lowercase), vector (exact
+                inner product, FLAT), sparse (Milvus' own BM25 function of text, k1 = 1.2,
+                b = 0.75: the keyword ranking of hybrid search).
+  N_documents   one row per stored document version: pk = "<doc_id>@<gen>", its DocumentInfo.
+  N_meta        pk "manifest": the last complete commit (gen, commit id, embedder, dim);
+                pk "retired:<doc_id>@<gen>": a document version that commit `gen` replaced or
+                removed, until its rows are deleted.
+
+Commit protocol (one writer at a time, under a file lock on this machine): a commit with number
+g = G + 1 inserts its passages and documents with gen = g and the versions it retires as
+"retired" rows with gen = g, flushes, then upserts the manifest with gen = g (the commit point),
+then deletes the retired versions' rows and their "retired" rows. Readers see only rows with
+gen <= G of the manifest they loaded, minus retired versions, so a crash before the manifest
+leaves the previous commit exactly as it was (the extra rows are invisible, and the next writer
+deletes them), and a crash after it leaves the new commit whole (the next writer finishes the
+deletes). Passage ids are the same as in the FAISS folder store; the row key adds the gen so
+that a re-added version never shares a key with the retired one.
+
+Limits: the lock is a file on this machine, so writers to one Milvus server must run on one
+machine (readers anywhere); Milvus Lite serves one process at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from ragspec.retrieval import persist
+from ragspec.retrieval.backends import MilvusLocation
+from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError, RetrievalError
+from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
+from ragspec.retrieval.milvus_schema import document_row, quiet_imports
+from ragspec.retrieval.records import DocumentInfo, Passage
+from ragspec.retrieval.store_base import PassageEmbedder, StoreBase, check_model
+
+logger = logging.getLogger(__name__)
+
+_OUT = ["pid", "doc_id", "page", "start", "text"]
+_STRONG = {"consistency_level": "Strong"}
+_BATCH = 1000  # rows per insert call
+_MAX_TEXT = 65535  # Milvus' longest VARCHAR, in bytes
+
+
+class IndexUnavailableError(RetrievalError):
+    """The Milvus server (or Milvus Lite file) cannot be reached or used."""
+
+
+class MilvusStore(StoreBase):
+    """See the module docstring. Create with `MilvusStore.open`."""
+
+    def __init__(self, location: MilvusLocation, embedder, lock_timeout: float) -> None:
+        self.location = location
+        self.index_dir = location.spec
+        self._init_common(embedder, lock_timeout)
+        self._client = None
+        self._lc = None
+        self._load()
+
+    @classmethod
+    def open(cls, location: MilvusLocation, embedder: PassageEmbedder | None = None, *,
+             lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> MilvusStore:
+        return cls(location, embedder, lock_timeout)
+
+    @classmethod
+    def peek(cls, location: MilvusLocation) -> MilvusStore:
+        """A store that has loaded nothing: enough to ask `_disk_commit()` cheaply."""
+        store = cls.__new__(cls)
+        store.location, store.index_dir = location, location.spec
+        store._init_common(None, DEFAULT_LOCK_TIMEOUT)
+        store._client, store._lc = None, None
+        return store
+
+    # -- connection and names ---------------------------------------------------------------
+
+    def _names(self) -> tuple[str, str, str]:
+        c = self.location.collection
+        return c, f"{c}_documents", f"{c}_meta"
+
+    def _connected(self, create: bool = False):
+        """The pymilvus client; None when a Milvus Lite file does not exist yet (and `create`
+        is False: opening must not create anything)."""
+        if self._client is None:
+            if self.location.lite and not create and not Path(self.location.uri).exists():
+                return None
+            quiet_imports()
+            from pymilvus import MilvusClient
+            from pymilvus.exceptions import MilvusException
+
+            try:
+                self._client = MilvusClient(uri=self.location.uri,
+                                            token=os.environ.get("RAGSPEC_MILVUS_TOKEN", ""))
+            except (MilvusException, OSError) as exc:
+                raise IndexUnavailableError(
+                    f"Cannot open the Milvus index {self.location.spec} ({exc}). For a server, "
+                    "check that it runs and is reachable; Milvus Lite files serve one process at "
+                    "a time."
+                ) from exc
+        return self._client
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        """A pymilvus call with its failure as one clear line."""
+        from pymilvus.exceptions import MilvusException
+
+        try:
+            return fn(*args, **kwargs)
+        except MilvusException as exc:
+            raise IndexUnavailableError(
+                f"Milvus could not {what} in {self.location.spec}: {exc}") from exc
+
+    def close(self) -> None:
+        """Disconnect (and stop this process's Milvus Lite server for the file)."""
+        if self._client is not None:
+            self._client.close()
+            self._client, self._lc = None, None
+            if self.location.lite:
+                from milvus_lite.server_manager import server_manager_instance
+
+                server_manager_instance.release_server(self.location.uri)
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        self._dirty = False
+        self._pending: dict[str, tuple[DocumentInfo, list[Passage], np.ndarray]] = {}
+        self._retire: list[tuple[str, int]] = []
+        manifest = self._manifest()
+        if manifest is None:
+            from ragspec.retrieval.milvus_schema import vector_index_from_env
+
+            self._vector_index = vector_index_from_env()
+            self._commit, self._gen, self._dim = None, 0, None
+            self._model_name = getattr(self.embedder, "name", None)
+            self._documents, self._doc_gen, self._retired = {}, {}, []
+            return
+        check_model(self.location.spec, manifest.get("embedder", ""), self.embedder,
+                    self._rebuild_hint())
+        self._commit, self._gen = manifest["commit"], int(manifest["gen"])
+        self._dim, self._model_name = int(manifest["dim"]), manifest.get("embedder")
+        self._vector_index = manifest.get("vector_index", "FLAT")
+        _, documents, meta = self._names()
+        client = self._connected()
+        self._retired = [(r["doc_id"], int(r["old_gen"])) for r in self._rows(
+            meta, f'kind == "retired" and gen <= {self._gen}', ["body"], parse_body=True)]
+        rows = self._rows(documents, self._visible(), ["doc_id", "gen", "source", "sha256",
+                                                       "size_bytes", "ingested_at", "passages"])
+        try:
+            self._documents = {
+                r["doc_id"]: DocumentInfo(doc_id=r["doc_id"], source=r["source"],
+                                          sha256=r["sha256"], passages=int(r["passages"]),
+                                          size_bytes=int(r["size_bytes"]),
+                                          ingested_at=r["ingested_at"]) for r in rows}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IndexCorruptError(f"The index {self.location.spec} is damaged: {exc}. "
+                                    f"{self._rebuild_hint()}") from exc
+        self._doc_gen = {r["doc_id"]: int(r["gen"]) for r in rows}
+        assert client is not None
+
+    def _manifest(self) -> dict | None:
+        client = self._connected()
+        if client is None:
+            return None
+        _, _, meta = self._names()
+        if not self._call("read the manifest", client.has_collection, meta):
+            return None
+        found = self._call("read the manifest", client.query, meta, filter='pk == "manifest"',
+                           output_fields=["body"], **_STRONG)
+        if not found:
+            return None
+        try:
+            return json.loads(found[0]["body"])
+        except (KeyError, ValueError) as exc:
+            raise IndexCorruptError(f"The index {self.location.spec} has a damaged manifest "
+                                    f"({exc}). {self._rebuild_hint()}") from exc
+
+    def _rows(self, collection: str, expr: str, fields: list[str], parse_body=False) -> list:
+        """Every row matching `expr` (query_iterator: no limit on how many)."""
+        client = self._connected()
+        iterator = self._call("read", client.query_iterator, collection, batch_size=4096,
+                              filter=expr, output_fields=fields, **_STRONG)
+        out = []
+        try:
+            while batch := self._call("read", iterator.next):
+                out.extend(json.loads(r["body"]) if parse_body else r for r in batch)
+        finally:
+            iterator.close()
+        return out
+
+    def _visible(self) -> str:
+        """The filter for rows of the loaded commit."""
+        expr = f"gen <= {self._gen}"
+        if self._retired:
+            gone = " or ".join(f'(doc_id == "{d}" and gen == {g})' for d, g in self._retired)
+            expr += f" and not ({gone})"
+        return expr
+
+    def _forget(self) -> None:
+        self._pending, self._retire = {}, []
+
+    def _rebuild_hint(self) -> str:
+        what = "delete that file" if self.location.lite else \
+            f"drop the collections {', '.join(self._names())}"
+        return (f"Nothing was changed. To rebuild, {what} and run `ragspec ingest --index "
+                f"{self.location.spec} YOUR_FILES...` again.")
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def passage_count(self) -> int:
+        with self._mutex:
+            return sum(d.passages for d in self._documents.values())
+
+    def passages(self, doc_id: str | None = None) -> list[Passage]:
+        """Stored passages ordered by id, optionally of one document only."""
+        with self._mutex:
+            if self._commit is None:
+                return []
+            expr = self._visible() + (f' and doc_id == "{doc_id}"' if doc_id else "")
+            rows = self._rows(self._names()[0], expr, _OUT)
+            return sorted((self._passage(r) for r in rows), key=lambda p: p.id)
+
+    def _passage(self, row: dict) -> Passage:
+        source = self._documents[row["doc_id"]].source
+        return Passage(id=row["pid"], doc_id=row["doc_id"], text=row["text"], source=source,
+                       page=int(row["page"]) or None, start=int(row["start"]))
+
+    def _vector_size(self) -> int | None:
+        return self._dim
+
+    def _dense(self, vector: np.ndarray, k: int) -> list[tuple[Passage, float]]:
+        from ragspec.retrieval.milvus_schema import search_params
+
+        hits = self._search("vector", vector.tolist(), k, search_params(self._vector_index), _OUT)
+        return sorted(((self._passage(h["entity"]), float(h["distance"])) for h in hits),
+                      key=lambda item: (-item[1], item[0].id))
+
+    def _keyword_ids(self, query: str, k: int) -> list[str]:
+        if not any(c.isalnum() for c in query):
+            return []  # no token to match (Milvus' analyser would find none either)
+        hits = self._search("sparse", query, k, {"metric_type": "BM25"}, ["pid"])
+        ranked = sorted(((h["entity"]["pid"], float(h["distance"])) for h in hits),
+                        key=lambda item: (-item[1], item[0]))
+        return [pid for pid, _ in ranked]
+
+    def _search(self, field: str, data, k: int, params: dict, fields: list[str]) -> list:
+        client = self._connected()
+        found = self._call("search", client.search, self._names()[0], data=[data],
+                           anns_field=field, limit=k, filter=self._visible(),
+                           search_params=params, output_fields=fields, **_STRONG)
+        return list(found[0]) if found else []
+
+    def _fetch(self, ids: list[str], vector: np.ndarray) -> dict[str, tuple[Passage, float]]:
+        client = self._connected()
+        rows = self._call("read", client.query, self._names()[0],
+                          filter=f"{self._visible()} and pid in {json.dumps(ids)}",
+                          output_fields=[*_OUT, "vector"], **_STRONG)
+        return {r["pid"]: (self._passage(r), float(np.asarray(r["vector"], np.float32) @ vector))
+                for r in rows}
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _prepare_write(self) -> None:
+        folder, _ = self.location.lock_place()
+        persist.check_writable(folder)
+
+    def _lock(self, on_wait):
+        folder, name = self.location.lock_place()
+        return write_lock(folder, self.lock_timeout, on_wait, name=name)
+
+    def _disk_commit(self) -> str | None:
+        manifest = self._manifest()
+        return None if manifest is None else manifest["commit"]
+
+    def _recover(self) -> None:
+        """Delete what a crashed commit left: rows newer than the manifest, and the rows of
+        versions the last commit retired."""
+        manifest = self._manifest()
+        if manifest is None:
+            return
+        gen = int(manifest["gen"])
+        passages, documents, meta = self._names()
+        client = self._connected()
+        for name in (passages, documents, meta):
+            self._call("clean up", client.delete, name, filter=f"gen > {gen}")
+        retired = [(r["doc_id"], int(r["old_gen"])) for r in self._rows(
+            meta, f'kind == "retired" and gen <= {gen}', ["body"], parse_body=True)]
+        self._delete_versions(retired)
+
+    def _delete_versions(self, versions: list[tuple[str, int]]) -> None:
+        passages, documents, meta = self._names()
+        client = self._connected()
+        for first in range(0, len(versions), 100):
+            batch = versions[first : first + 100]
+            expr = " or ".join(f'(doc_id == "{d}" and gen == {g})' for d, g in batch)
+            self._call("delete", client.delete, passages, filter=expr)
+            self._call("delete", client.delete, documents, filter=expr)
+            keys = [f"retired:{d}@{g}" for d, g in batch]
+            self._call("delete", client.delete, meta, filter=f"pk in {json.dumps(keys)}")
+        if versions:
+            for name in (passages, documents, meta):
+                self._call("flush", client.flush, name)
+
+    def _insert(self, info: DocumentInfo, passages: list[Passage], vectors) -> None:
+        if self._dim is None:
+            self._dim = int(vectors.shape[1])
+        self._pending[info.doc_id] = (info, passages, vectors)
+
+    def _delete(self, doc_id: str) -> None:
+        self._pending.pop(doc_id, None)
+        gen = self._doc_gen.get(doc_id)
+        if gen is not None and (doc_id, gen) not in self._retire:
+            self._retire.append((doc_id, gen))
+
+    def _save(self) -> None:
+        gen = self._gen + 1
+        client = self._connected(create=True)
+        passages, documents, meta = self._names()
+        self._create_collections()
+        for info, rows, vectors in self._pending.values():
+            self._write_passages(gen, rows, vectors)
+            self._call("add a document", client.insert, documents, [document_row(info, gen)])
+        if self._retire:
+            self._call("retire documents", client.insert, meta, [
+                {"pk": f"retired:{d}@{g}", "kind": "retired", "gen": gen,
+                 "body": json.dumps({"doc_id": d, "old_gen": g}), "v": [0.0, 0.0]}
+                for d, g in self._retire])
+        for name in (passages, documents, meta):
+            self._call("flush", client.flush, name)
+        commit = uuid.uuid4().hex
+        manifest = {"gen": gen, "commit": commit, "embedder": self._model_name or "",
+                    "dim": self._dim or 0, "vector_index": self._vector_index}
+        _commit_point(self, client, meta, manifest)
+        self._commit, self._gen = commit, gen
+        for doc_id in self._pending:
+            self._doc_gen[doc_id] = gen
+        for doc_id, _ in self._retire:
+            if doc_id not in self._pending:
+                self._doc_gen.pop(doc_id, None)
+        retired, self._retire, self._pending = self._retire, [], {}
+        self._retired = retired  # visible as gone until their rows are deleted
+        self._delete_versions(retired)
+        self._retired = []
+
+    def _write_passages(self, gen: int, rows: list[Passage], vectors: np.ndarray) -> None:
+        too_long = [p.id for p in rows if len(p.text.encode("utf-8")) > _MAX_TEXT]
+        if too_long:
+            raise IndexNotWritableError(f"passage {too_long[0]} is longer than Milvus' "
+                                        f"{_MAX_TEXT}-byte text field; nothing was changed")
+        self._call("add passages", self._vector_store().add_embeddings,
+                   [p.text for p in rows], vectors.tolist(),
+                   metadatas=[{"pid": p.id, "doc_id": p.doc_id, "gen": gen, "page": p.page or 0,
+                               "start": p.start} for p in rows],
+                   ids=[f"{p.id}@{gen}" for p in rows], batch_size=_BATCH)
+
+    def _vector_store(self):
+        """langchain-milvus's vector store over the passages collection (made once)."""
+        if self._lc is None:
+            from langchain_milvus import BM25BuiltInFunction, Milvus
+
+            # It warns that its async client needs an event loop; nothing here is async.
+            logging.getLogger("langchain_milvus").setLevel(logging.ERROR)
+
+            self._lc = Milvus(
+                embedding_function=self.embedder, collection_name=self._names()[0],
+                connection_args={"uri": self.location.uri,
+                                 "token": os.environ.get("RAGSPEC_MILVUS_TOKEN", "")},
+                builtin_function=BM25BuiltInFunction(input_field_names="text",
+                                                     output_field_names="sparse"),
+                vector_field=["vector", "sparse"], primary_field="pk", text_field="text",
+                consistency_level="Strong", auto_id=False,
+            )
+        return self._lc
+
+    def _create_collections(self) -> None:
+        from ragspec.retrieval.milvus_schema import create_collections
+
+        create_collections(self._connected(create=True), self._names(), self._dim or 2,
+                           self._vector_index)
+
+
+def _commit_point(store: MilvusStore, client, meta: str, manifest: dict) -> None:
+    """Upsert the manifest: from here on readers see the new commit (a test breaks it here to
+    play a crash)."""
+    store._call("commit", client.upsert, meta, [
+        {"pk": "manifest", "kind": "manifest", "gen": manifest["gen"],
+         "body": json.dumps(manifest), "v": [0.0, 0.0]}])
+    store._call("flush", client.flush, meta)

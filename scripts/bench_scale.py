@@ -1,0 +1,417 @@
+"""Search at scale: latency and memory of dense and hybrid search, keyword search alone, and
+store-side ingest, at 10k / 100k / 1M passages, FAISS folder vs Milvus Lite.
+
+Usage:
+  PYTHONPATH=. python scripts/bench_scale.py texts --n 1000000 --out /tmp/scale-texts.jsonl
+  PYTHONPATH=. python scripts/bench_scale.py vectors --texts /tmp/scale-texts.jsonl
+  PYTHONPATH=. python scripts/bench_scale.py keywords --texts /tmp/scale-texts.jsonl \\
+      --sizes 10000,100000,1000000 --repeats 3 [--baseline-ref main] --json OUT
+  PYTHONPATH=. python scripts/bench_scale.py search --texts /tmp/scale-texts.jsonl \\
+      --sizes 10000,100000,1000000 --backends faiss,milvus --repeats 3 --json OUT
+
+Inputs (documents nobody here wrote):
+  * texts: passages cut from the documentation installed on this machine — every readable file
+    under /usr/share/doc (changelogs, READMEs, copyright files, HTML) and the manual pages under
+    /usr/share/man (troff requests and font escapes stripped) — ~150 words each, grouped 100 to a
+    "document". When they hold fewer than n passages, the texts are cut again starting a few
+    words later (each round a different offset), so every passage is still a distinct stretch
+    of real text; the output says how many rounds it took.
+  * vectors (the cheaper route than embedding a million passages on 2 cores): the bundled
+    embedder embeds a sample of SAMPLE passages; passage i gets the normalised sum of two
+    sample vectors (chosen by i) with random weights, plus small noise. Exact (FLAT) search
+    costs the same whatever the vectors hold; the mixture keeps their distribution close to
+    real ones for anything that is not exact.
+  * queries: the questions of data/realdocs/dev and heldout, embedded by the bundled embedder;
+    timings exclude embedding the query (measured once and printed separately).
+
+Each (backend, size) runs in a fresh process: `peak_rss_mb` is that process's peak resident
+memory (for Milvus Lite plus the peak of its server process), so sizes do not pollute each
+other. Timings are wall-clock per query: p50 and p95 over every query and repeat. The machine
+state matters: say whether it was idle when quoting a number.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+DOC_ROOTS = (Path("/usr/share/doc"), Path("/usr/share/man"))
+WORDS_PER_PASSAGE = 150
+PASSAGES_PER_DOC = 100
+SAMPLE = 2000
+K = 5
+COMMIT_DOCS = 100  # `ragspec ingest`'s default --commit-every
+
+
+# -- texts ------------------------------------------------------------------------------------
+
+_TROFF_ESCAPE = re.compile(r"\\f[BIRP]|\\f\(..|\\\(..|\\[&|^%]|\\s[-+]?\d")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return None
+    if b"\0" in raw[:4096]:
+        return None
+    text = raw.decode("utf-8", errors="replace")
+    if "/man" in str(path):
+        lines = [ln for ln in text.splitlines() if not ln.startswith((".", "'"))]
+        text = _TROFF_ESCAPE.sub("", "\n".join(lines)).replace("\\-", "-")
+    return text
+
+
+def doc_words() -> list[list[str]]:
+    """The words of every readable documentation file, in a fixed order."""
+    out = []
+    for root in DOC_ROOTS:
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+            text = _read(path)
+            if text:
+                words = text.split()
+                if len(words) >= 20:
+                    out.append(words)
+    return out
+
+
+@click.group()
+def main() -> None:
+    """Search-at-scale benchmarks (see the module docstring)."""
+
+
+@main.command()
+@click.option("--n", type=int, required=True, help="Passages to write.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def texts(n: int, out: Path) -> None:
+    """Passages cut from the installed documentation, as JSON lines {"doc", "text"}."""
+    files = doc_words()
+    written, rounds = 0, 0
+    with open(out, "w", encoding="utf-8") as f:
+        while written < n:
+            offset = (rounds * 37) % WORDS_PER_PASSAGE
+            for words in files:
+                for start in range(offset, len(words), WORDS_PER_PASSAGE):
+                    chunk = words[start : start + WORDS_PER_PASSAGE]
+                    if len(chunk) < 10 or written >= n:
+                        continue
+                    f.write(json.dumps({"doc": written // PASSAGES_PER_DOC,
+                                        "text": " ".join(chunk)}) + "\n")
+                    written += 1
+            rounds += 1
+    click.echo(f"{written} passages from {len(files)} files in {rounds} round(s) -> {out}")
+
+
+# -- vectors --------------------------------------------------------------------------------
+
+def _vectors_path(texts_path: Path) -> Path:
+    return texts_path.with_suffix(".vectors.npz")
+
+
+@main.command()
+@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+              required=True)
+def vectors(texts_path: Path) -> None:
+    """Embed SAMPLE passages and the question sets with the bundled embedder."""
+    from ragspec.retrieval.embeddings import Embedder
+    from scripts import realdocs
+
+    embedder = Embedder()
+    sample = []
+    with open(texts_path, encoding="utf-8") as f:
+        for line in f:
+            sample.append(json.loads(line)["text"])
+            if len(sample) >= SAMPLE * 5:
+                break
+    sample = sample[::5][:SAMPLE]
+    questions = [q["question"] for name in ("dev", "heldout")
+                 for q in realdocs.read_questions(name)]
+    started = time.perf_counter()
+    base = embedder.embed_array(sample)
+    per_passage = (time.perf_counter() - started) / len(sample)
+    timed = []
+    for q in questions:
+        t = time.perf_counter()
+        embedder.embed_array([q])
+        timed.append(time.perf_counter() - t)
+    np.savez(_vectors_path(texts_path), base=base, queries=embedder.embed_array(questions),
+             questions=np.array(questions))
+    click.echo(f"embedded {len(sample)} passages ({per_passage * 1000:.1f} ms each) and "
+               f"{len(questions)} questions (median {statistics.median(timed) * 1000:.1f} ms "
+               f"each) -> {_vectors_path(texts_path)}")
+
+
+def passage_vectors(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    """n unit vectors, each a random mixture of two embedded sample passages plus noise."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(0, len(base), n), rng.integers(0, len(base), n)
+    w = rng.uniform(0.2, 1.0, (n, 1)).astype(np.float32)
+    out = base[a] + w * base[b] + rng.normal(0, 0.02, (n, base.shape[1])).astype(np.float32)
+    out /= np.linalg.norm(out, axis=1, keepdims=True)
+    return out.astype(np.float32)
+
+
+def read_texts(path: Path, n: int) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            rows.append(json.loads(line))
+            if len(rows) >= n:
+                break
+    if len(rows) < n:
+        raise click.ClickException(f"{path} holds {len(rows)} passages, fewer than {n}")
+    return rows
+
+
+def peak_rss_mb(children: bool = False) -> float:
+    """This process's peak RSS (and, with children, the largest peak of its live children:
+    Milvus Lite's server)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if not children:
+        return own
+    import psutil
+
+    extra = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            status = Path(f"/proc/{child.pid}/status").read_text()
+            extra = max(extra, int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024)
+        except (OSError, AttributeError):
+            continue
+    return own + extra
+
+
+def percentiles(samples: list[float]) -> dict:
+    ms = sorted(s * 1000 for s in samples)
+    return {"p50_ms": round(statistics.median(ms), 3),
+            "p95_ms": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 3), "n": len(ms)}
+
+
+# -- keyword search alone ---------------------------------------------------------------------
+
+def _baseline_bm25(ref: str):
+    """The BM25 module as it was at git `ref` (for before/after numbers)."""
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:ragspec/retrieval/bm25.py"],
+                            capture_output=True, text=True, check=True).stdout
+    folder = Path(tempfile.mkdtemp(prefix="bm25-baseline-"))
+    (folder / "bm25_baseline.py").write_text(source)
+    spec = importlib.util.spec_from_file_location("bm25_baseline", folder / "bm25_baseline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.BM25Index
+
+
+def _keywords_child(texts_path: Path, n: int, impl: str, repeats: int, ref: str) -> dict:
+    rows = read_texts(texts_path, n)
+    questions = [str(q) for q in np.load(_vectors_path(texts_path))["questions"]]
+    before = peak_rss_mb()
+    started = time.perf_counter()
+    if impl == "bm25s":
+        import bm25s
+
+        from ragspec.retrieval.bm25 import tokenize
+
+        index = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
+        index.index([tokenize(r["text"]) for r in rows], show_progress=False)
+
+        def top(q):
+            tokens = [t for t in tokenize(q) if t in index.vocab_dict]
+            return index.retrieve([tokens], k=50, show_progress=False) if tokens else None
+    else:
+        cls = _baseline_bm25(ref) if impl == "baseline" else None
+        if cls is None:
+            from ragspec.retrieval.bm25 import BM25Index as cls
+        index = cls.build((str(i), r["text"]) for i, r in enumerate(rows))
+
+        def top(q):
+            return index.top(q, 50)
+    build = time.perf_counter() - started
+    top(questions[0])  # first search seals pending postings: part of building
+    build_total = time.perf_counter() - started
+    timed = []
+    for _ in range(repeats):
+        for q in questions:
+            t = time.perf_counter()
+            top(q)
+            timed.append(time.perf_counter() - t)
+    return {"impl": impl, "passages": n, "build_s": round(build, 2),
+            "build_and_first_search_s": round(build_total, 2), **percentiles(timed),
+            "peak_rss_mb": round(peak_rss_mb(), 1), "rss_before_build_mb": round(before, 1)}
+
+
+@main.command()
+@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+              required=True)
+@click.option("--sizes", default="10000,100000", show_default=True)
+@click.option("--impls", default="ours,baseline", show_default=True,
+              help="ours (ragspec/retrieval/bm25.py now), baseline (the same file at "
+                   "--baseline-ref), bm25s (if installed).")
+@click.option("--baseline-ref", default="main", show_default=True)
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--child", hidden=True, default=None)
+def keywords(texts_path, sizes, impls, baseline_ref, repeats, json_out, child) -> None:
+    """BM25 top-50 latency, build time and memory per implementation and size."""
+    if child:
+        impl, n = child.split(":")
+        click.echo(json.dumps(_keywords_child(texts_path, int(n), impl, repeats,
+                                              baseline_ref)))
+        return
+    results = []
+    for n in [int(s) for s in sizes.split(",")]:
+        for impl in impls.split(","):
+            results.append(_in_child(["keywords", "--texts", str(texts_path), "--repeats",
+                                      str(repeats), "--baseline-ref", baseline_ref,
+                                      "--child", f"{impl}:{n}"]))
+            click.echo(json.dumps(results[-1]))
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _in_child(args: list[str]) -> dict:
+    done = subprocess.run([sys.executable, "-m", "scripts.bench_scale", *args], cwd=REPO,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    if done.returncode != 0:
+        raise click.ClickException(f"{args}: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# -- the stores -----------------------------------------------------------------------------
+
+class _Lookup:
+    """Stands in for the embedder at search time: the questions' vectors were computed once,
+    so the timings are the search's own."""
+
+    name = "all-MiniLM-L6-v2 (bundled)"
+
+    def __init__(self, questions, vectors) -> None:
+        self._vectors = dict(zip(questions, vectors, strict=True))
+        self.dim = vectors.shape[1]
+
+    def embed_array(self, texts):
+        return np.stack([self._vectors[t] for t in texts])
+
+
+def _search_child(texts_path: Path, n: int, backend: str, repeats: int) -> dict:
+    from ragspec.retrieval.backends import open_index
+    from ragspec.retrieval.passages import PassageDraft
+
+    saved = np.load(_vectors_path(texts_path))
+    questions = [str(q) for q in saved["questions"]]
+    lookup = _Lookup(questions, saved["queries"])
+    rows = read_texts(texts_path, n)
+    vectors = passage_vectors(saved["base"], n)
+    scratch = Path(tempfile.mkdtemp(prefix=f"scale-{backend}-"))
+    where = str(scratch / "index") if backend == "faiss" else f"milvus:{scratch}/index.db"
+    if backend == "milvus-ivf":  # approximate: IVF_FLAT lists instead of an exact scan
+        os.environ["RAGSPEC_MILVUS_INDEX"] = "IVF_FLAT"
+    store = open_index(where, lookup)
+    # Milvus commits as `ragspec ingest` does (every COMMIT_DOCS files); the FAISS folder once
+    # at the end, since each of its commits rewrites the whole index (see docs/scaling.md).
+    per_commit = COMMIT_DOCS * PASSAGES_PER_DOC if backend != "faiss" else n
+    started, commits = time.perf_counter(), 0
+    for first_of_commit in range(0, n, per_commit):
+        with store.writing():
+            for first in range(first_of_commit, min(n, first_of_commit + per_commit),
+                               PASSAGES_PER_DOC):
+                batch = rows[first : first + PASSAGES_PER_DOC]
+                drafts = [PassageDraft(text=r["text"], page=None, start=0) for r in batch]
+                store.add_document(f"/scale/doc-{first // PASSAGES_PER_DOC:07d}.txt",
+                                   f"{first:064x}", 1, drafts,
+                                   vectors[first : first + len(batch)])
+        commits += 1
+    ingest = time.perf_counter() - started
+    store.close()
+    started = time.perf_counter()
+    store = open_index(where, lookup)
+    opened = time.perf_counter() - started
+    out = {"backend": backend, "passages": n, "ingest_s": round(ingest, 2),
+           "ingest_passages_per_s": round(n / ingest, 1), "commits": commits,
+           "open_s": round(opened, 2)}
+    for mode in ("dense", "hybrid"):
+        store.retrieve(questions[0], k=K, mode=mode)  # warm: first search loads and seals
+        timed = []
+        for _ in range(repeats):
+            for q in questions:
+                t = time.perf_counter()
+                store.retrieve(q, k=K, mode=mode)
+                timed.append(time.perf_counter() - t)
+        out[mode] = percentiles(timed)
+    out["peak_rss_mb"] = round(peak_rss_mb(children=backend != "faiss"), 1)
+    out["disk_mb"] = round(sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file())
+                           / 2**20, 1)
+    store.close()
+    return out
+
+
+@main.command()
+@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+              required=True)
+@click.option("--sizes", default="10000", show_default=True)
+@click.option("--backends", "names", default="faiss,milvus", show_default=True,
+              help="faiss, milvus (exact FLAT) and milvus-ivf (IVF_FLAT, approximate).")
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--child", hidden=True, default=None)
+def search(texts_path, sizes, names, repeats, json_out, child) -> None:
+    """Store-side ingest, open, and dense/hybrid search latency and memory per backend."""
+    if child:
+        backend, n = child.split(":")
+        click.echo(json.dumps(_search_child(texts_path, int(n), backend, repeats)))
+        return
+    results = []
+    for n in [int(s) for s in sizes.split(",")]:
+        for backend in names.split(","):
+            results.append(_in_child(["search", "--texts", str(texts_path), "--repeats",
+                                      str(repeats), "--child", f"{backend}:{n}"]))
+            click.echo(json.dumps(results[-1]))
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+@main.command()
+@click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def table(files) -> None:
+    """Markdown tables from the JSON files `search` and `keywords` wrote."""
+    rows = [r for f in files for r in json.loads(f.read_text())]
+    stores = sorted((r for r in rows if "backend" in r),
+                    key=lambda r: (r["passages"], r["backend"]))
+    if stores:
+        click.echo("| passages | backend | dense p50 / p95 ms | hybrid p50 / p95 ms | ingest "
+                   "passages/s (commits) | open s | peak RSS MiB | disk MiB |")
+        click.echo("|---|---|---|---|---|---|---|---|")
+        for r in stores:
+            d, h = r["dense"], r["hybrid"]
+            click.echo(f"| {r['passages']:,} | {r['backend']} | {d['p50_ms']:.1f} / "
+                       f"{d['p95_ms']:.1f} | {h['p50_ms']:.1f} / {h['p95_ms']:.1f} | "
+                       f"{r['ingest_passages_per_s']:,.0f} ({r['commits']}) | {r['open_s']:.1f} "
+                       f"| {r['peak_rss_mb']:,.0f} | {r['disk_mb']:,.0f} |")
+    keywords = sorted((r for r in rows if "impl" in r), key=lambda r: (r["passages"], r["impl"]))
+    if keywords:
+        click.echo("\n| passages | BM25 | top-50 p50 / p95 ms | build s | peak RSS MiB |")
+        click.echo("|---|---|---|---|---|")
+        for r in keywords:
+            click.echo(f"| {r['passages']:,} | {r['impl']} | {r['p50_ms']:.2f} / "
+                       f"{r['p95_ms']:.2f} | {r['build_and_first_search_s']:.1f} | "
+                       f"{r['peak_rss_mb']:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Dependencies point one way: the app -> retrieval, decoding -> ragspec.fileio and
+ragspec.paths (leaves).
+
+Read from the source (every import statement of every module, also those inside functions), so
+a lazy import cannot hide a dependency:
+  * ragspec.decoding imports no other part of ragspec but itself and the leaves, and neither
+    LangChain nor FAISS (the engine is torch only);
+  * ragspec.retrieval imports no other part of ragspec but itself and the leaves;
+  * the leaves (ragspec.fileio: file writes; ragspec.paths: where the data directory is)
+    import nothing from ragspec;
+  * only ragspec.web imports streamlit.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "ragspec"
+LEAF = "ragspec.fileio"
+LEAVES = (LEAF, "ragspec.paths")
+# layer -> the ragspec modules it may import (itself included)
+ALLOWED = {
+    "ragspec.decoding": ("ragspec.decoding", *LEAVES),
+    "ragspec.retrieval": ("ragspec.retrieval", *LEAVES),
+    LEAF: (),
+    "ragspec.paths": (),
+}
+FORBIDDEN_THIRD_PARTY = {"ragspec.decoding": ("langchain", "langchain_core",
+                                              "langchain_community", "faiss")}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str, root: Path) -> bool:
+    """True when `name` is a module or package of the ragspec tree at `root` (not a function
+    or class that `from X import name` brought in)."""
+    path = root.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, absolute name) of everything the file imports: for `from X import y`, both X and
+    X.y (y may be a submodule: `from ragspec import web`)."""
+    module = module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against this module's package
+                anchor = package.rsplit(".", node.level - 1)[0]
+                base = f"{anchor}.{node.module}" if node.module else anchor
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def layer_of(module: str) -> str | None:
+    for layer in ALLOWED:
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return None
+
+
+def violations(root: Path = PACKAGE) -> list[str]:
+    """One line per import statement that goes against the direction."""
+    bad: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        layer = layer_of(module)
+        for line, name in imports(path, root):
+            where = f"{path.relative_to(root.parent)}:{line}"
+            top = name.split(".")[0]
+            if top == "streamlit" and not module.startswith("ragspec.web"):
+                why = "only ragspec.web may import streamlit"
+            elif layer and top in FORBIDDEN_THIRD_PARTY.get(layer, ()):
+                why = f"{layer} must not depend on it"
+            elif (layer and top == "ragspec" and name != "ragspec" and is_module(name, root)
+                  and not any(name == ok or name.startswith(ok + ".") for ok in ALLOWED[layer])):
+                why = (f"{layer} may import only {', '.join(ALLOWED[layer])}" if ALLOWED[layer]
+                       else f"{layer} must import nothing from ragspec")
+            else:
+                continue
+            bad.setdefault(where, f"{where} imports {name} ({why})")
+    return list(bad.values())
+
+
+def test_the_source_follows_the_dependency_direction():
+    assert violations() == []
+
+
+def with_import(tmp_path: Path, module: str, source: str) -> Path:
+    """A copy of the package with `source` added to `module` (created if new)."""
+    copy = tmp_path / "ragspec"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / module
+    target.write_text((target.read_text() + "\n" if target.exists() else "") + source)
+    return copy
+
+
+# module the import is added to | the import (backslash-n: a line break) | what the report says
+AGAINST = """
+decoding/bad.py    | from ragspec.retrieval.store import PassageStore   | may import only
+decoding/bad.py    | def f():\\n    import ragspec.pipeline               | may import only
+decoding/bad.py    | from .. import loading                             | may import only
+decoding/bad.py    | from ragspec import web                            | may import only
+decoding/engine.py | import faiss                                       | must not depend on it
+decoding/bad.py    | from langchain_core.documents import Document      | must not depend on it
+retrieval/bad.py   | from ragspec.decoding.types import Span            | may import only
+retrieval/bad.py   | from ragspec.commands import common                | may import only
+retrieval/bad.py   | from ..bench import runner                         | may import only
+fileio.py          | from ragspec.retrieval import errors               | nothing from ragspec
+bench/bad.py       | import streamlit as st                             | only ragspec.web
+search.py          | from streamlit import session_state                | only ragspec.web
+"""
+
+
+def table(text: str) -> list[tuple[str, ...]]:
+    rows = [tuple(cell.strip() for cell in line.split("|")) for line in text.strip().splitlines()]
+    return [(module, source.replace("\\n", "\n") + "\n", *rest) for module, source, *rest in rows]
+
+
+@pytest.mark.parametrize("module, source, reason", table(AGAINST))
+def test_an_import_against_the_direction_is_caught(tmp_path, module, source, reason):
+    found = violations(with_import(tmp_path, module, source))
+    assert len(found) == 1 and reason in found[0], found
+
+
+@pytest.mark.parametrize("module, source", [
+    ("decoding/ok.py", "from ragspec.decoding.types import Span\nfrom . import ngram\n"),
+    ("decoding/ok.py", "from ragspec.fileio import write_atomically\n"),
+    ("retrieval/ok.py", "from ragspec.fileio import fsync_dir\nfrom .errors import LoadError\n"),
+    ("web/ok.py", "import streamlit\nfrom ragspec.decoding import engine\n"),
+    ("pipeline.py", "from ragspec.retrieval.store import PassageStore\n"),
+])
+def test_imports_along_the_direction_pass(tmp_path, module, source):
+    assert violations(with_import(tmp_path, module, source)) == []

@@ -1,0 +1,155 @@
+"""ragspec's CPU kernels (ragspec/decoding/native) against oracles.
+
+Every GGUF format the kernels read, as random packed bytes: de-quantisation equals gguf's own,
+bit for bit; the quantised matrix product equals a float64 product of the de-quantised weights
+and the int8 activations the kernel says it used; and each row's result is the same bits
+whatever rows are computed with it and however many threads share the work (batch invariance,
+the property exact speculation rests on). The attention kernel against a float64 softmax, with
+causal, sliding and soft-capped variants, and the same invariance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import MODEL_CACHE
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from ragspec.decoding import native
+from ragspec.decoding.packed import FORMATS
+
+QUANTISED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+PLAIN = ("F32", "F16", "BF16")
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return native.ops(MODEL_CACHE)
+
+
+# Where each format keeps its fp16 scales (byte offset, typical magnitude): the rest of a block
+# is random bits, which is any valid block.
+_SCALES = {"Q4_0": [(0, 0.02)], "Q8_0": [(0, 0.02)], "Q5_0": [(0, 0.02)],
+           "Q4_1": [(0, 0.01), (2, 0.1)], "Q5_1": [(0, 0.01), (2, 0.1)],
+           "Q4_K": [(0, 0.003), (2, 0.003)], "Q5_K": [(0, 0.003), (2, 0.003)],
+           "Q6_K": [(208, 0.002)]}
+
+
+def random_packed(fmt: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if fmt in PLAIN:
+        w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32) * 0.1)
+        dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[fmt]
+        return w.to(dtype).view(torch.uint8).reshape(n, -1).numpy().copy()
+    per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[fmt]]
+    blocks = rng.integers(0, 256, size=(n, k // per_block, block_bytes), dtype=np.uint8)
+    for offset, scale in _SCALES[fmt]:
+        d = (rng.standard_normal((n, k // per_block)) * scale).astype(np.float16)
+        blocks[:, :, offset:offset + 2] = d.view(np.uint8).reshape(n, k // per_block, 2)
+    return blocks.reshape(n, -1)
+
+
+def reference_rows(fmt: str, raw: np.ndarray, k: int) -> np.ndarray:
+    if fmt == "BF16":
+        return torch.from_numpy(raw).view(torch.bfloat16).float().numpy()
+    if fmt == "F32":
+        return raw.view(np.float32).reshape(raw.shape[0], k)
+    return dequantize(raw, GGMLQuantizationType[fmt]).astype(np.float32).reshape(raw.shape[0], k)
+
+
+@pytest.mark.parametrize("fmt", QUANTISED + PLAIN)
+def test_dequantised_rows_are_ggufs_own_bit_for_bit(ops, fmt):
+    k = 512
+    raw = random_packed(fmt, 37, k)
+    got = ops.dequantize_rows(torch.from_numpy(raw), FORMATS[fmt][0], k, torch.arange(37))
+    assert np.array_equal(got.numpy(), reference_rows(fmt, raw, k))
+    some = torch.tensor([5, 0, 36, 5])
+    assert torch.equal(ops.dequantize_rows(torch.from_numpy(raw), FORMATS[fmt][0], k, some),
+                       got[some])
+
+
+@pytest.mark.parametrize("fmt", QUANTISED + PLAIN)
+def test_the_product_is_the_float64_product_of_what_the_kernel_multiplies(ops, fmt):
+    n, k, m = 45, 512, 7
+    raw = torch.from_numpy(random_packed(fmt, n, k, seed=1))
+    w = torch.from_numpy(reference_rows(fmt, raw.numpy(), k)).double()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
+    y = ops.qmatmul(x, raw, FORMATS[fmt][0], k)
+    if fmt in QUANTISED:  # the kernel multiplies int8 activations, one scale per 32 values
+        q, d, dsum = ops.quantize_activations(x)
+        xs = (q.double().reshape(m, -1, 32) * d.double()[..., None]).reshape(m, k)
+        assert torch.allclose(dsum.double(), (q.double().reshape(m, -1, 32).sum(-1) * d.double()))
+        assert (q.abs() <= 127).all() and ((xs - x.double()).abs() <= d.double().repeat_interleave(32, 1) / 2 + 1e-6).all()
+    else:
+        xs = x.double()
+    want = xs @ w.T
+    assert ((y.double() - want).abs() <= 1e-5 * want.abs().max() + 1e-6).all()
+
+
+@pytest.mark.parametrize("fmt", ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "F16"))
+def test_each_rows_result_does_not_depend_on_the_rows_beside_it(ops, fmt):
+    n, k = 67, 512  # an odd column count: the kernel's edge tiles are used too
+    raw = torch.from_numpy(random_packed(fmt, n, k, seed=3))
+    code = FORMATS[fmt][0]
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(4))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        full = ops.qmatmul(x, raw, code, k)
+        for m in (1, 2, 3, 4, 5, 9, 17):
+            for start in (0, 19 - m):
+                part = ops.qmatmul(x[start:start + m], raw, code, k)
+                assert torch.equal(part, full[start:start + m]), (m, start)
+        torch.set_num_threads(1)
+        assert torch.equal(ops.qmatmul(x, raw, code, k), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_shapes_that_do_not_fit_the_format_are_refused(ops):
+    raw = torch.from_numpy(random_packed("Q4_K", 4, 256))
+    with pytest.raises(RuntimeError, match="bytes"):
+        ops.qmatmul(torch.randn(1, 512), raw, FORMATS["Q4_K"][0], 512)
+    with pytest.raises(RuntimeError, match="whole number of blocks"):
+        ops.qmatmul(torch.randn(1, 300), raw, FORMATS["Q4_K"][0], 300)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.dequantize_rows(raw, FORMATS["Q4_K"][0], 256, torch.tensor([4]))
+
+
+# -- attention ---------------------------------------------------------------------------------
+
+def reference_attention(q, k, v, lo, hi, scale, softcap=0.0):
+    hq, t, d = q.shape
+    group = hq // k.shape[0]
+    out = torch.empty(t, hq, d, dtype=torch.float64)
+    for h in range(hq):
+        for r in range(t):
+            keys = k[h // group, lo[r]:hi[r] + 1].double()
+            s = keys @ q[h, r].double() * scale
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            p = torch.softmax(s, 0)
+            out[r, h] = p @ v[h // group, lo[r]:hi[r] + 1].double()
+    return out
+
+
+@pytest.mark.parametrize("window,softcap", [(None, 0.0), (9, 0.0), (None, 30.0)])
+def test_attention_matches_a_float64_softmax_and_rows_do_not_depend_on_each_other(ops, window,
+                                                                                    softcap):
+    g = torch.Generator().manual_seed(5)
+    hq, hkv, d, length, t = 6, 2, 40, 70, 8
+    q = torch.randn(hq, t, d, generator=g)
+    k_buf = torch.randn(hkv, 100, d, generator=g)  # a cache buffer with spare room: strided
+    v_buf = torch.randn(hkv, 100, d, generator=g)
+    k, v = k_buf[:, :length], v_buf[:, :length]
+    hi = torch.arange(length - t, length)
+    lo = (hi - window + 1).clamp(min=0) if window else torch.zeros(t, dtype=torch.long)
+    out = ops.attend(q, k, v, lo, hi, 0.3, softcap)
+    want = reference_attention(q, k, v, lo, hi, 0.3, softcap)
+    assert torch.allclose(out.double(), want, atol=2e-6)
+    for r in range(t):  # each row alone, as a one-token step computes it
+        one = ops.attend(q[:, r:r + 1], k[:, :hi[r] + 1], v[:, :hi[r] + 1], lo[r:r + 1],
+                         hi[r:r + 1], 0.3, softcap)
+        assert torch.equal(one[0], out[r])
