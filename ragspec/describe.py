@@ -22,6 +22,26 @@ def passage_label(index: int, passage) -> str:
     return f"[{index + 1}] {source_label(passage)}"
 
 
+# Where an accepted draft was copied from, as every front end names it: only "passage" copies
+# are sources; the answer's own earlier text and the rest of the prompt (the question, the
+# instruction, passage headers) are not.
+PASSAGE, ANSWER, PROMPT = "passage", "answer", "prompt"
+
+
+def draft_source(span) -> str | None:
+    """PASSAGE, ANSWER (the answer's own earlier text) or PROMPT (other prompt text) for a
+    drafted span; None for the model's own tokens. A draft of unknown origin (a benchmark's
+    forced draft) counts as PROMPT: not a source."""
+    if not span.drafted:
+        return None
+    o = getattr(span, "origin", None)
+    if o is None:
+        return PROMPT
+    if not o.in_prompt:
+        return ANSWER
+    return PASSAGE if o.source is not None else PROMPT
+
+
 def copied_ranges(spans: Iterable, quoted: bool = False) -> dict[int, list[tuple[int, int]]]:
     """Passage index -> sorted, merged character ranges that drafted spans copied from it
     (quoted=True: that quoted spans match, ragspec.quoting)."""
@@ -44,6 +64,20 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((start, end))
     return merged
+
+
+# What the user is told about how an answer ended (GenerationStats.stop_reason); the reasons
+# not listed need no note here: an end-of-text token or a stop string ends an answer normally,
+# and front ends say "stopped" (a Stop button) their own way.
+STOP_NOTES = {
+    "repetition": "The answer ends here because it started repeating itself (ragspec stops an "
+                  "answer that writes the same run of words twice).",
+    "max_new_tokens": "The answer reached its length limit and may be cut short.",
+}
+
+
+def stop_note(stop_reason: str) -> str | None:
+    return STOP_NOTES.get(stop_reason)
 
 
 def identical_verdict(baseline_ids: Sequence[int], spec_ids: Sequence[int],

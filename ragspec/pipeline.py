@@ -26,8 +26,9 @@ from dataclasses import dataclass, field, replace
 
 from ragspec.decoding.engine import GenerationStream, Generator
 from ragspec.decoding.model import chat_prompt_text
-from ragspec.decoding.types import GenerationConfig, GenerationResult, SourceRegion
+from ragspec.decoding.types import GenerationConfig, GenerationResult, RepeatConfig, SourceRegion
 from ragspec.describe import copied_ranges, source_label
+from ragspec.prompts import DEFAULT_PROMPT, PROMPTS
 from ragspec.retrieval.store import SEARCH_MODES, Passage
 from ragspec.search import (
     DEFAULT_MIN_SCORE,
@@ -45,15 +46,15 @@ from ragspec.search import (
 # Callers import these from here too (they were defined here before ragspec.search existed).
 __all__ = ["Pipeline", "pipeline_for", "PipelineConfig", "PreparedPrompt", "Answer", "NoDocumentsError",
            "Retrieval", "is_followup", "standalone_question", "passages_to_dicts",
-           "hits_to_dicts", "DEFAULT_SEARCH", "DEFAULT_MIN_SCORE", "SYSTEM_PROMPT"]
+           "hits_to_dicts", "DEFAULT_SEARCH", "DEFAULT_MIN_SCORE", "SYSTEM_PROMPT",
+           "ANSWER_REPEAT"]
 
-# Chosen by trying variants on the bundled SmolLM2-135M: a short instruction, passages in the
-# user turn, the question last.
-SYSTEM_PROMPT = (
-    "You answer questions using only the numbered passages the user gives you. "
-    "Copy the relevant sentences from the passages word for word, and cite them like [1]. "
-    "If the passages do not contain the answer, say that you do not know."
-)
+# The instruction (ragspec.prompts): passages in the user turn, the question last.
+SYSTEM_PROMPT = PROMPTS[DEFAULT_PROMPT].system
+QUESTION_SUFFIX = PROMPTS[DEFAULT_PROMPT].after_question
+# How answers end when they start repeating themselves (chosen with `ragspec eval` on
+# data/realdocs/dev; README, "Answer quality").
+ANSWER_REPEAT = RepeatConfig(stop_ngram=8, stop_count=2)
 
 
 @dataclass
@@ -67,6 +68,9 @@ class PipelineConfig:
     best_last: list the passages in reverse rank order, so the best one ([1]) sits right before
         the question; a 135M model quotes the passage nearest the question most (see README).
     system_prompt: the instruction given to the model.
+    question_suffix: text put after the question in the user turn (a closing instruction).
+    repeat: the stop rule and penalty for repetition that `stream` applies when the caller's
+        GenerationConfig leaves `repeat` unset (ragspec.decoding.types.RepeatConfig).
     search: "dense" (embedding similarity) or "hybrid" (fused with BM25 keyword ranking).
     min_score: the relevance floor: below this best cosine the question is not answered
         (0 disables it).
@@ -79,8 +83,10 @@ class PipelineConfig:
     rewrite_followups: bool = True
     best_last: bool = True
     system_prompt: str = SYSTEM_PROMPT
+    question_suffix: str = QUESTION_SUFFIX
     search: str = DEFAULT_SEARCH
     min_score: float = DEFAULT_MIN_SCORE
+    repeat: RepeatConfig = ANSWER_REPEAT
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= 50:
@@ -219,6 +225,9 @@ class Pipeline:
         return self._build(check_question(question), list(passages), [])
 
     def stream(self, prepared: PreparedPrompt, gen_config: GenerationConfig) -> GenerationStream:
+        """Generate the answer; a config without `repeat` gets this pipeline's stop rule."""
+        if gen_config.repeat is None:
+            gen_config = replace(gen_config, repeat=self.config.repeat)
         return self.generator.stream(prepared.prompt_ids, gen_config, sources=prepared.sources)
 
     def ask(self, question: str, history: Sequence[dict] = (),
@@ -300,7 +309,7 @@ class Pipeline:
                 spans[i] = (pos, pos + len(p.text))
                 parts.append(p.text + "\n\n")
                 pos += len(parts[-1])
-        parts.append(f"Question: {question}")
+        parts.append(f"Question: {question}{self.config.question_suffix}")
         messages = [
             {"role": "system", "content": self.config.system_prompt},
             {"role": "user", "content": "".join(parts)},

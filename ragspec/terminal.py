@@ -29,16 +29,23 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
 
 DRAFT_STYLE = "black on green"
 QUOTE_STYLE = "black on cyan"
+# Accepted drafts copied from a passage are highlighted; those repeating the answer's own text
+# or the question are underlined: they are not sources (ragspec.describe.draft_source).
+DRAFT_STYLES = {"passage": DRAFT_STYLE, "answer": "underline", "prompt": "underline"}
 
 
 def render_spans(spans, console) -> None:
-    """Print spans with accepted drafts highlighted (black on green) and quoted spans (found
-    word for word in a passage by a server that reports no drafts) in another colour."""
+    """Print spans with accepted drafts marked by where they were copied from (DRAFT_STYLES)
+    and quoted spans (found word for word in a passage by a server that reports no drafts) in
+    another colour."""
     from rich.text import Text
+
+    from ragspec.describe import draft_source
 
     text = Text()
     for span in spans:
-        style = DRAFT_STYLE if span.drafted else QUOTE_STYLE if getattr(span, "quoted", False) \
+        source = draft_source(span)
+        style = DRAFT_STYLES[source] if source else QUOTE_STYLE if getattr(span, "quoted", False) \
             else ""
         text.append(printable(span.text, keep_newlines=True), style=style)
     console.print(text, end="")
@@ -46,9 +53,14 @@ def render_spans(spans, console) -> None:
 
 def legend(spans) -> str:
     """The rich-markup legend for what `render_spans` highlighted in these spans."""
+    from ragspec.describe import draft_source
+
     parts = []
     if any(s.drafted for s in spans) or not any(getattr(s, "quoted", False) for s in spans):
         parts.append(f"[{DRAFT_STYLE}]highlighted[/] = accepted drafts copied from the passages")
+    if any(draft_source(s) not in (None, "passage") for s in spans):
+        parts.append("[underline]underlined[/] = accepted drafts repeating the answer's own "
+                     "text or the question (not sources)")
     if any(getattr(s, "quoted", False) for s in spans):
         parts.append(f"[{QUOTE_STYLE}]quoted[/] = found word for word in a passage (the "
                      "server reports no drafts)")

@@ -141,8 +141,11 @@ def hf_greedy(generator, prompt_ids: list[int], new_tokens: int) -> list[int]:
     """model.generate(do_sample=False) on the generator's model exactly as the engine runs it:
     the oracle of every identity."""
     from ragspec.bench.runner import Runner
+    from ragspec.decoding.types import RepeatConfig
 
-    return Runner(generator, stock=False).run("hf_greedy", prompt_ids, new_tokens).token_ids
+    plain = RepeatConfig()  # no stop rule: the engine's runs here have none either
+    return Runner(generator, stock=False, repeat=plain).run("hf_greedy", prompt_ids,
+                                                            new_tokens).token_ids
 
 
 def engine_ids(generator, prompt_ids, new_tokens: int, draft) -> list[int]:

@@ -165,3 +165,22 @@ def run(tmp_path, monkeypatch):
         return CliRunner().invoke(main, list(args))
 
     return invoke
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny-model tests: the tiny model gains nothing from
+    threads, and on a shared 2-core machine torch's spinning worker threads make every small op
+    wait for a descheduled sibling."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_gen(tiny_model, tiny_tokenizer):
+    """A Generator over the tiny model (its draft policy learns within one module)."""
+    from ragspec.decoding.engine import Generator
+
+    return Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])

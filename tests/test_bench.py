@@ -8,19 +8,19 @@ import copy
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from ragspec.bench import runner as core
 from ragspec.bench import summary as summary
 from ragspec.cli import main
 from ragspec.commands import bench as bench_cmd
-from ragspec.decoding.engine import Generator
 
 RESULT_FIELDS = {"new_tokens", "seconds", "ttft_seconds", "tokens_per_s", "decode_tokens_per_s",
-                 "forward_passes", "drafted_tokens", "accepted_tokens", "identical_to_greedy"}
+                 "forward_passes", "drafted_tokens", "accepted_tokens", "identical_to_greedy",
+                 "stop_reason"}
 SUMMARY_FIELDS = {"median_speedup", "min_speedup", "median_decode_speedup", "median_tokens_per_s",
-                  "median_ttft_seconds", "accept_rate", "mean_accepted_length", "all_identical"}
+                  "median_ttft_seconds", "accept_rate", "mean_accepted_length", "all_identical",
+                  "median_speedup_non_looping", "min_speedup_non_looping"}
 MAX_NEW = 16
 
 PROMPTS = [
@@ -30,19 +30,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The tiny model gains nothing from threads, and on a shared 2-core machine torch's
-    # spinning worker threads make every small op wait for a descheduled sibling.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_gen(tiny_model, tiny_tokenizer):
-    return Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+pytestmark = pytest.mark.usefixtures("one_thread")  # one_thread, tiny_gen: tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +51,11 @@ def results(tiny_gen, prepared):
 def test_results_json_has_the_issue_schema(results):
     json.loads(json.dumps(results))  # serialisable as is
     assert set(results) == {"model", "device", "max_new_tokens", "repeats", "methods", "questions",
-                            "summary", "ratios"}
+                            "summary", "ratios", "looping"}
     assert results["methods"] == ["greedy", "ragspec", "hf_greedy", "hf_pld", "oracle"]
     assert [q["id"] for q in results["questions"]] == ["c1", "c2", "o1"]
     for q in results["questions"]:
-        assert {"id", "kind", "prompt_tokens", "results"} <= set(q)
+        assert {"id", "kind", "prompt_tokens", "looping", "results"} <= set(q)
         assert q["prompt_tokens"] > 0
         assert set(q["results"]) == set(core.METHODS)
         for method, r in q["results"].items():
@@ -135,7 +123,7 @@ def test_repeats_keep_each_methods_fastest_run_and_reset_the_policy(tiny_gen, pr
         core.run_bench(runner, prepared, MAX_NEW, repeats=0)
 
 
-def _entry(qid, kind, **tps):
+def _entry(qid, kind, looping=False, **tps):
     """A question entry whose methods have the given tokens_per_s (decode rate twice that)."""
     results = {}
     for method in core.METHODS:
@@ -149,7 +137,55 @@ def _entry(qid, kind, **tps):
             "identical_to_greedy": True,
             "accepted_lengths": {"ragspec": {"2": 1, "4": 1}, "oracle": {"8": 1}}.get(method, {}),
         }
-    return {"id": qid, "kind": kind, "prompt_tokens": 50, "results": results}
+    return {"id": qid, "kind": kind, "prompt_tokens": 50, "looping": looping, "results": results}
+
+
+def test_speed_is_also_given_without_looping_answers_and_says_how_many_were_left_out():
+    entries = [
+        _entry("a", "copy", greedy=10, ragspec=40, llamacpp=10, looping=True),
+        _entry("b", "copy", greedy=10, ragspec=20, llamacpp=10),
+        _entry("c", "copy", greedy=10, ragspec=16, llamacpp=10),
+        _entry("d", "open", greedy=10, ragspec=30, llamacpp=10, looping=True),
+    ]
+    for e in entries:
+        e["results"]["llamacpp"] = dict(e["results"]["greedy"], tokens_per_s=10.0)
+    results = summary.build_results("m", "cpu", 100, entries)
+    copy_ = results["summary"]["copy"]["ragspec"]
+    assert copy_["median_speedup"] == pytest.approx(2.0)
+    assert copy_["median_speedup_non_looping"] == pytest.approx(1.8)
+    assert copy_["min_speedup_non_looping"] == pytest.approx(1.6)
+    assert results["summary"]["open"]["ragspec"]["median_speedup_non_looping"] is None
+    assert results["looping"]["copy"] == {"questions": 3, "looping": 1,
+                                          "looping_share": pytest.approx(1 / 3)}
+    assert results["looping"]["all"]["looping"] == 2
+    ratio = results["ratios"]["all"]["ragspec/llamacpp"]
+    assert ratio["median"] == pytest.approx(2.5) and ratio["median_non_looping"] == \
+        pytest.approx(1.8)
+    table = summary.format_table(results)
+    assert "| copy (n=3, 1 looping) | ragspec | 1.80× (1.60×) | 2.00× (1.60×) |" in table
+    assert "all: 2 of 4 answers looped (50%)" in table
+    assert "ragspec/llamacpp tokens/s median 1.80× non-looping" in table
+
+
+def test_every_method_ends_at_the_stop_rule_and_entries_say_which_looped(tiny_gen, prepared):
+    """With a stop rule the tiny model hits, greedy, ragspec, oracle and transformers' methods
+    all stop at the same token (identical), and the entry is marked looping."""
+    from ragspec.decoding.types import RepeatConfig
+
+    runner = core.Runner(tiny_gen, repeat=RepeatConfig(stop_ngram=2, stop_count=2))
+    entries = core.run_bench(runner, prepared, 40)
+    free = core.run_bench(core.Runner(tiny_gen, repeat=RepeatConfig()), prepared, 40)
+    stopped = 0
+    for entry, loose in zip(entries, free, strict=True):
+        results = entry["results"]
+        for method in ("greedy", "ragspec", "hf_greedy", "hf_pld", "oracle"):
+            assert results[method]["identical_to_greedy"], (entry["id"], method)
+        if results["greedy"]["stop_reason"] == "repetition":
+            stopped += 1
+            assert entry["looping"]
+            assert results["greedy"]["new_tokens"] < loose["results"]["greedy"]["new_tokens"]
+            assert results["hf_pld"]["new_tokens"] == results["greedy"]["new_tokens"]
+    assert stopped, "the tiny model should repeat a 2-token run on these prompts"
 
 
 def test_speedups_are_against_each_methods_own_baseline():
@@ -180,7 +216,8 @@ def test_speedups_are_against_each_methods_own_baseline():
 
     results = summary.build_results("m", "cpu", 100, entries)
     table = summary.format_table(results)
-    assert "copy (n=2)" in table and "open (n=1)" in table and "2.25×" in table
+    assert "copy (n=2, 0 looping)" in table and "open (n=1, 0 looping)" in table
+    assert "2.25×" in table
 
 
 def test_summary_kind_without_questions_is_null():
@@ -253,7 +290,7 @@ def test_cli_writes_results_and_plot(cli_env):
     data = json.loads(out.read_text())
     assert data["max_new_tokens"] == 8 and len(data["questions"]) == 2
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| copy (n=2) | ragspec |" in result.output
+    assert "| copy (n=2, " in result.output and " looping) | ragspec |" in result.output
     assert "MISSED" not in result.output and "target" not in result.output
 
 

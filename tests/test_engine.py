@@ -20,10 +20,13 @@ from ragspec.decoding.types import (
 )
 
 
-def hf_greedy(model, prompt, max_new_tokens, eos=None):
-    """transformers' greedy tokens: ``eos`` None keeps the model's EOS, ``()`` has none."""
+def hf_greedy(model, prompt, max_new_tokens, eos=None, **settings):
+    """transformers' greedy tokens: ``eos`` None keeps the model's EOS, ``()`` has none;
+    ``settings`` go into the generation config (e.g. repetition_penalty)."""
     config = copy.deepcopy(model.generation_config)
     config.do_sample, config.max_new_tokens = False, max_new_tokens
+    for name, value in settings.items():
+        setattr(config, name, value)
     if eos is not None:
         config.eos_token_id = eos or None
     with torch.inference_mode():

@@ -71,3 +71,48 @@ def test_identical_verdict():
     ok, message = describe.identical_verdict([1, 2, 3], [1, 5, 3], True)
     assert ok is False and "token 1" in message
     assert describe.identical_verdict([1], [2], False)[0] is None
+
+
+def test_repeats_of_the_answer_or_question_are_underlined_not_highlighted_as_sources():
+    p = passage()
+    spans = [
+        Span("Port 7432.", [1, 2], True, SpanOrigin(40, True, 0, 32, 41)),  # from passage [1]
+        Span(" It listens.", [3], False),
+        Span(" Port 7432.", [4, 5], True, SpanOrigin(60, False)),  # the answer's own text
+        Span(" Which port?", [6], True, SpanOrigin(12, True)),  # the question: prompt text
+    ]
+    out = rd.spans_html(spans, [p])
+    sources = re.findall(r'<mark class="rs-draft"[^>]*>(.*?)</mark>', out)
+    echoes = re.findall(r'<mark class="rs-echo"[^>]*title="([^"]*)">(.*?)</mark>', out)
+    assert [visible_text(m) for m in sources] == ["Port 7432."]
+    assert [visible_text(m[1]) for m in echoes] == [" Port 7432.", " Which port?"]
+    assert "own earlier text" in html.unescape(echoes[0][0])
+    assert "question" in html.unescape(echoes[1][0])
+    assert visible_text(out) == "Port 7432. It listens. Port 7432. Which port?"
+    listed = rd.sources_html(spans, [p])
+    assert len(re.findall(r"<li>", listed)) == 1 and "[1] ops.md" in html.unescape(listed)
+    assert "2 accepted drafts" in listed and "not sources" in listed
+    legend = visible_text(rd.legend_html())
+    assert "copied from a passage" in legend and "not a source" in legend
+    assert describe.copied_ranges(spans) == {0: [(32, 41)]}  # only the passage copy
+
+
+def test_terminal_marks_passage_copies_and_repeats_differently():
+    from rich.console import Console
+
+    from ragspec.terminal import DRAFT_STYLES, render_spans
+
+    spans = [Span("from [1]", [1], True, SpanOrigin(4, True, 0, 0, 8)),
+             Span(" again", [2], True, SpanOrigin(90, False)), Span(" own", [3], False)]
+    console = Console(record=True, force_terminal=True, color_system="standard", width=80)
+    render_spans(spans, console)
+    styled = [(seg.text, str(seg.style or "")) for seg in console._record_buffer if seg.text]
+    assert styled == [("from [1]", DRAFT_STYLES["passage"]), (" again", DRAFT_STYLES["answer"]),
+                      (" own", "")]
+    assert DRAFT_STYLES["passage"] != DRAFT_STYLES["answer"]
+
+
+def test_stop_notes_say_why_an_answer_ended():
+    assert "repeating itself" in describe.stop_note("repetition")
+    assert "length limit" in describe.stop_note("max_new_tokens")
+    assert describe.stop_note("eos") is None

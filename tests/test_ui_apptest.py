@@ -108,7 +108,11 @@ def test_upload_ask_highlight_side_by_side_and_bad_input(app):
     assert len(shown) == 1
     drafted = [s["text"] for s in run["spans"] if s["drafted"] and s["text"]]
     assert drafted, f"expected accepted drafts in {run['text']!r}"
-    assert marks(shown[0]) == drafted
+    # copies from a passage are highlighted; repeats of the answer or question are underlined
+    sources = [s["text"] for s in run["spans"] if s["drafted"] and s["text"]
+               and s["origin"]["in_prompt"] and s["origin"]["source"] is not None]
+    assert marks(shown[0]) == sources
+    assert len(re.findall(r'<mark class="rs-echo"', shown[0])) == len(drafted) - len(sources)
     assert "copied from [1] metrics notes.md" in html.unescape(shown[0])
 
     # -- side by side: two answers, with the token-identical mark (greedy)

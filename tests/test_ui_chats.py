@@ -105,6 +105,21 @@ def test_markdown_export_cites_the_passages(tmp_path):
     assert "[1] ops guide.md, page 2" in text
     assert "> The metrics endpoint listens on port 7432.\n> It serves /metrics only." in text
     assert "/srv/docs" not in text
+    assert "repeating" not in text  # ended at an end-of-text token: no note
+
+
+def test_markdown_export_says_when_an_answer_stopped_repeating_itself(tmp_path):
+    from dataclasses import replace
+
+    store = ch.ChatStore(tmp_path)
+    chat = saved_answer(store)
+
+    def repeated(c: dict) -> None:
+        c["messages"][1]["runs"] = [ch.run_dict("Speculation on", SPANS,
+                                                replace(STATS, stop_reason="repetition"))]
+
+    text = chat_markdown(store.update(chat["id"], repeated))
+    assert "*(The answer ends here because it started repeating itself" in text
 
 
 # -- the page ---------------------------------------------------------------------------------
@@ -127,7 +142,7 @@ def test_a_reloaded_chat_shows_the_same_answer_highlights_and_passages(page):
     settle(at)
     chat_id = at.query_params["chat"]
     answer, passages = answers_html(at), passages_html(at)
-    assert len(answer) == 1 and '<mark class="rs-draft"' in answer[0]
+    assert len(answer) == 1 and '<mark class="rs-' in answer[0]  # a copy or a repeat
     assert passages
     saved = saved_chat(at)["messages"][-1]
     assert saved["status"] == "done" and saved["runs"][0]["spans"]

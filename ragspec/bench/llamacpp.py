@@ -66,8 +66,9 @@ class LlamaCppAnchors:
         return cls(llms, Path(gguf), threads, [name for name, on in features.items() if on])
 
     def generate(self, method: str, prompt_ids: Sequence[int], max_new_tokens: int,
-                 eos_ids: set[int]) -> tuple[list[int], float, float]:
-        """(token ids, seconds, seconds to the first token) of one greedy generation."""
+                 eos_ids: set[int], stop=None) -> tuple[list[int], float, float]:
+        """(token ids, seconds, seconds to the first token) of one greedy generation; `stop`
+        (token -> bool) ends it after the token it returns True for (the repetition rule)."""
         llm = self._llms[method]
         llm.reset()  # no prefix reuse from the previous run (see the module docstring)
         tokens: list[int] = []
@@ -78,7 +79,8 @@ class LlamaCppAnchors:
             if ttft is None:
                 ttft = time.perf_counter() - start
             tokens.append(int(token))
-            if token in eos_ids or len(tokens) >= max_new_tokens:
+            if token in eos_ids or (stop is not None and stop(int(token))) \
+                    or len(tokens) >= max_new_tokens:
                 break
         seconds = time.perf_counter() - start
         return tokens, seconds, ttft if ttft is not None else seconds

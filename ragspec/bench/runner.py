@@ -22,26 +22,33 @@ identical_to_greedy compares token ids with greedy's output; for greedy itself i
 model.generate on the engine's own model object (hf_greedy's output when that runs the same
 weights; else an untimed model.generate on the packed model), for llamacpp_pld with llamacpp's;
 llamacpp's own is not compared (null).
+
+Every method ends an answer by the same repetition stop rule the product uses (`repeat`, by
+default ragspec.pipeline.ANSWER_REPEAT): the engine methods in the engine, the transformers
+methods through a StoppingCriteria and the llama.cpp methods in their token loop, each deciding
+on tokens already produced. transformers' prompt lookup may write past the stop inside its last
+verify step; those tokens are timed and then dropped, so every method is compared on the same
+text. Each entry says whether its answer looped ("looping": the stop rule ended greedy's
+answer, or it holds a run of 8 tokens written 3 times; ragspec.bench.quality), so speedups can be
+reported on the answers that do not.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from ragspec.bench.llamacpp import LLAMACPP_METHODS
-from ragspec.decoding.types import DraftConfig, GenerationConfig
+from ragspec.bench.questions import KINDS, BenchInputError, Prepared, Question, load_questions
+from ragspec.decoding.repetition import RepetitionGuard, max_repeats, stop_point
+from ragspec.decoding.types import DraftConfig, GenerationConfig, RepeatConfig
 
 METHODS = ("greedy", "ragspec", "hf_greedy", "hf_pld", "oracle")
-KINDS = ("copy", "open")
 # speedups are over each method's own plain decoding
 BASELINE = {"greedy": "greedy", "ragspec": "greedy", "oracle": "greedy",
             "hf_greedy": "greedy", "hf_pld": "hf_greedy",
@@ -51,61 +58,6 @@ BASELINE = {"greedy": "greedy", "ragspec": "greedy", "oracle": "greedy",
 REFERENCE = {"greedy": "hf_greedy", "llamacpp": None, "llamacpp_pld": "llamacpp"}
 PLD_TOKENS = 10  # transformers' prompt_lookup_num_tokens, as users would set it
 WARMUP_TOKENS = 16
-ANCHOR_CONTEXT = 4096  # tokens of context for the llama.cpp methods (prompt + answer)
-
-
-class BenchInputError(ValueError):
-    """A questions file or prompt the benchmark cannot use; the message says where and why."""
-
-
-@dataclass(frozen=True)
-class Question:
-    id: str
-    question: str
-    kind: str = "copy"
-
-
-def load_questions(path: str | Path, limit: int | None = None) -> list[Question]:
-    """Questions from a JSONL file: one {"id", "question", "kind"} object per line.
-
-    kind is "copy" (the answer should quote the documents) or "open"; missing means "copy";
-    questions marked "unanswerable" (the retrieval measurement's) are skipped.
-    A missing id becomes the line number. Blank lines are skipped.
-    """
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BenchInputError(f"cannot read questions file {path}: {exc}") from exc
-    questions: list[Question] = []
-    seen: set[str] = set()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}, line {number}"
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise BenchInputError(f"{where}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict):
-            raise BenchInputError(f"{where}: expected an object like "
-                                  '{"id": "q1", "question": "...", "kind": "copy"}')
-        text = obj.get("question")
-        if not isinstance(text, str) or not text.strip():
-            raise BenchInputError(f"{where}: \"question\" must be a non-empty string")
-        if obj.get("unanswerable"):
-            continue  # for the retrieval measurement: the documents do not hold the answer
-        kind = obj.get("kind") or "copy"
-        if kind not in KINDS:
-            raise BenchInputError(f"{where}: \"kind\" must be \"copy\" or \"open\", got {kind!r}")
-        qid = str(obj["id"]) if obj.get("id") not in (None, "") else str(number)
-        if qid in seen:
-            raise BenchInputError(f"{where}: duplicate id {qid!r}")
-        seen.add(qid)
-        questions.append(Question(qid, text.strip(), kind))
-    if not questions:
-        raise BenchInputError(f"{path} holds no questions: write one JSON object per line")
-    return questions[:limit] if limit else questions
 
 
 @dataclass
@@ -119,6 +71,7 @@ class MethodRun:
     drafted_tokens: int | None = None
     accepted_tokens: int | None = None
     accepted_lengths: dict[int, int] = field(default_factory=dict)
+    stop_reason: str | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -137,6 +90,7 @@ class MethodRun:
             "accepted_tokens": self.accepted_tokens,
             "identical_to_greedy": identical,
             "accepted_lengths": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
+            "stop_reason": self.stop_reason,
         }
 
 
@@ -182,14 +136,24 @@ class Runner:
 
     def __init__(self, generator, draft: DraftConfig | None = None, pld_tokens: int = PLD_TOKENS,
                  anchors=None, stock: bool = True, methods: Sequence[str] | None = None,
-                 stock_model=None):
+                 stock_model=None, repeat: RepeatConfig | None = None):
         """anchors: an ragspec.bench.llamacpp.LlamaCppAnchors, to run the llama.cpp methods too.
         stock: run hf_greedy/hf_pld as transformers runs the model (fp32, sdpa); False runs
             model.generate on the model exactly as the engine runs it (ragspec's attention and
             4-bit layers): the reference of the engine's greedy identity.
         methods: run only these (see `select_methods`); default all that can run.
         stock_model: the model hf_greedy/hf_pld run when it is not the engine's own (an fp32
-            transformers model beside a packed one)."""
+            transformers model beside a packed one).
+        repeat: the stop rule every method applies (default: the product's, ANSWER_REPEAT); a
+            repetition penalty is not supported (transformers' and llama.cpp's differ)."""
+        if repeat is None:
+            from ragspec.pipeline import ANSWER_REPEAT
+
+            repeat = ANSWER_REPEAT
+        if repeat.penalty != 1.0:
+            raise BenchInputError("the benchmark runs without a repetition penalty: the "
+                                  "transformers and llama.cpp methods apply theirs differently")
+        self.repeat = repeat
         self.gen = generator
         self.stock = stock
         self.stock_model = stock_model if stock_model is not None else generator.model
@@ -202,15 +166,17 @@ class Runner:
     def run(self, method: str, prompt_ids: Sequence[int], max_new_tokens: int, *,
             sources: Sequence = (), reference: Sequence[int] | None = None) -> MethodRun:
         if method == "greedy":
-            cfg = GenerationConfig(max_new_tokens, draft=DraftConfig(enabled=False))
+            cfg = GenerationConfig(max_new_tokens, draft=DraftConfig(enabled=False),
+                                   repeat=self.repeat)
             return self._engine(prompt_ids, cfg, sources, None)
         if method == "ragspec":
-            return self._engine(prompt_ids, GenerationConfig(max_new_tokens, draft=self.draft),
-                                sources, None)
+            return self._engine(prompt_ids, GenerationConfig(max_new_tokens, draft=self.draft,
+                                                             repeat=self.repeat), sources, None)
         if method == "oracle":
             if reference is None:
                 raise ValueError("the oracle needs greedy's output: run greedy first")
-            return self._engine(prompt_ids, GenerationConfig(max_new_tokens, draft=self.draft),
+            return self._engine(prompt_ids, GenerationConfig(max_new_tokens, draft=self.draft,
+                                                             repeat=self.repeat),
                                 sources, list(reference))
         if method == "hf_greedy":
             return self._hf(prompt_ids, max_new_tokens, {})
@@ -219,7 +185,8 @@ class Runner:
                             {"prompt_lookup_num_tokens": self.pld_tokens})
         if method in LLAMACPP_METHODS and self.anchors is not None:
             tokens, seconds, ttft = self.anchors.generate(method, prompt_ids, max_new_tokens,
-                                                          self.gen.eos_token_ids)
+                                                          self.gen.eos_token_ids,
+                                                          stop=self._guard())
             return MethodRun(tokens, seconds, ttft)
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(self.methods)}")
 
@@ -234,7 +201,13 @@ class Runner:
         s = stream.stats
         return MethodRun(list(stream.token_ids), seconds, ttft if ttft is not None else seconds,
                          s.forward_passes, s.drafted_tokens, s.accepted_tokens,
-                         dict(s.accepted_lengths))
+                         dict(s.accepted_lengths), s.stop_reason)
+
+    def _guard(self):
+        """A fresh stop-rule check for one generation: token -> True when the answer ends."""
+        if not self.repeat.stop_ngram:
+            return lambda token: False
+        return RepetitionGuard(self.repeat.stop_ngram, self.repeat.stop_count).push
 
     def same_model_greedy(self, prompt_ids, max_new_tokens: int) -> list[int]:
         """model.generate on the engine's own model object, untimed: the reference of greedy's
@@ -256,21 +229,37 @@ class Runner:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                  max_new_tokens=max_new_tokens, eos_token_id=eos or None,
                                  pad_token_id=pad if pad is not None else (eos[0] if eos else None),
-                                 streamer=timer, **extra)
+                                 streamer=timer, stopping_criteria=self._criteria(ids.shape[1]),
+                                 **extra)
             tokens = out[0, ids.shape[1]:].tolist()
             seconds = time.perf_counter() - start
+        if extra and self.repeat.stop_ngram:  # prompt lookup may write past the stop: drop it
+            tokens = tokens[: stop_point(tokens, self.repeat.stop_ngram, self.repeat.stop_count)
+                            or len(tokens)]
         drafted = 0 if not extra else None  # hf_greedy drafts nothing; hf_pld does not say
         return MethodRun(tokens, seconds, timer.ttft if timer.ttft is not None else seconds,
                          forward_passes=None, drafted_tokens=drafted, accepted_tokens=drafted)
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A question with its prompt as the pipeline built it."""
+    def _criteria(self, prompt_length: int):
+        """The stop rule as transformers' StoppingCriteria, fed the tokens added since its last
+        call (several at once under prompt lookup)."""
+        from transformers import StoppingCriteria, StoppingCriteriaList
 
-    question: Question
-    prompt_ids: list[int]
-    sources: tuple = ()
+        push = self._guard()
+
+        class RepetitionStop(StoppingCriteria):
+            def __init__(self) -> None:
+                self.seen, self.fired = prompt_length, False
+
+            def __call__(self, input_ids, scores, **kwargs):
+                for token in input_ids[0, self.seen:].tolist():
+                    self.fired = push(token) or self.fired
+                self.seen = input_ids.shape[1]
+                return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool,
+                                  device=input_ids.device)
+
+        return StoppingCriteriaList([RepetitionStop()])
 
 
 ProgressFn = Callable[[Question, str], None]
@@ -335,7 +324,16 @@ def bench_question(runner: Runner, index: int, item: Prepared, max_new_tokens: i
         results[m] = best.to_dict(identical)
         results[m]["runs_seconds"] = [r.seconds for r in runs[m]]
     q = item.question
-    return {"id": q.id, "kind": q.kind, "prompt_tokens": len(item.prompt_ids), "results": results}
+    return {"id": q.id, "kind": q.kind, "prompt_tokens": len(item.prompt_ids),
+            "looping": looping(runs["greedy"][0]), "results": results}
+
+
+def looping(run: MethodRun) -> bool:
+    """Whether an answer repeated itself: the stop rule ended it, or it holds a loop as
+    ragspec.bench.quality counts one (a run of 8 tokens written 3 or more times)."""
+    from ragspec.bench.quality import LOOP_NGRAM, LOOP_TIMES
+
+    return run.stop_reason == "repetition" or max_repeats(run.token_ids, LOOP_NGRAM) >= LOOP_TIMES
 
 
 def run_bench(runner: Runner, prepared: Sequence[Prepared], max_new_tokens: int, *,
@@ -349,97 +347,10 @@ def run_bench(runner: Runner, prepared: Sequence[Prepared], max_new_tokens: int,
             for i, item in enumerate(prepared)]
 
 
+# Callers reach the whole benchmark through this module (`ragspec.bench.runner as core`).
+from ragspec.bench.setup import Setup, build_setup, ingest_corpus, prepare_prompts  # noqa: E402
 
-
-# -- prompts, as the product builds them ------------------------------------------------------
-
-@dataclass
-class Setup:
-    """What a benchmark run needs: the generator and each question's prompt (tests inject it)."""
-
-    model_name: str
-    device: str
-    generator: object  # ragspec.decoding.engine.Generator
-    prepared: list[Prepared] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    anchors: object = None  # ragspec.bench.llamacpp.LlamaCppAnchors, or None
-    stock_model: object = None  # the fp32 model hf_greedy runs beside a packed one, or None
-
-
-def build_setup(model: str | None, corpus: str, index: str | None,
-                questions: Sequence[Question], max_new_tokens: int,
-                log: Callable[[str], None] = lambda message: None,
-                llamacpp: bool | None = None, weights: str = "auto",
-                methods: Sequence[str] | None = None) -> Setup:
-    """Load the model, ingest `corpus` (into a temporary index, or into `index`, where unchanged
-    files are skipped) and build every question's prompt with the real pipeline.
-
-    llamacpp: run the llama.cpp methods too (None: when llama_cpp is installed and the model
-    came from a GGUF file). Raises ragspec.decoding.model.ModelNotFound and retrieval's RetrievalError;
-    a corpus file or a question that fails is listed in Setup.failures and the rest go on."""
-    from ragspec.loading import describe_device, load_generator, open_store
-    from ragspec.retrieval.ingest import ingest_paths
-
-    loaded, generator = load_generator(model, weights=weights)
-    stock = None
-    wants_hf = methods is None or any(m.startswith("hf_") for m in methods)
-    if loaded.weights not in ("fp32", "bf16") and wants_hf:
-        from ragspec.decoding.model import load_model
-        from ragspec.loading import model_cache_dir
-
-        log("Loading the de-quantised fp32 model for the transformers baselines ...")
-        stock = load_model(model, model_cache_dir(), weights="fp32").model
-    # llama.cpp's prompt-lookup context keeps float32 logits for every position it may hold
-    # (n_ctx x vocabulary: 0.8 GB at 4096 for SmolLM2), so it gets the room a RAG prompt needs
-    anchors = _open_anchors(model, llamacpp, min(generator.context_length, ANCHOR_CONTEXT), log)
-    with tempfile.TemporaryDirectory(prefix="ragspec-bench-") as scratch:
-        store = open_store(index or scratch)
-        log(f"Ingesting {corpus} ...")
-        report = ingest_paths([corpus], store)
-        failures = [f"corpus file {path}: {why}" for path, why in report.failed]
-        if store.passage_count() == 0:
-            raise BenchInputError(f"no passages could be made from {corpus}: nothing to "
-                                  "retrieve (give a folder of .md/.txt/.pdf/.html/.docx)")
-        prepared = prepare_prompts(generator, store, questions, max_new_tokens, failures)
-    return Setup(loaded.name, describe_device(loaded), generator, prepared, failures, anchors,
-                 stock)
-
-
-def _open_anchors(model: str | None, wanted: bool | None, n_ctx: int, log):
-    from ragspec.bench import llamacpp as bench_llamacpp
-    from ragspec.decoding.model import BUNDLED, bundled_gguf_path
-
-    if wanted is False or (wanted is None and not bench_llamacpp.available()):
-        return None
-    if not bench_llamacpp.available():
-        raise BenchInputError("llama_cpp is not installed: `make bench-anchors` installs "
-                              "llama-cpp-python (a source build, ~10 minutes)")
-    if model in (None, "", BUNDLED):
-        gguf = bundled_gguf_path()
-    elif str(model).lower().endswith(".gguf"):
-        gguf = Path(model).expanduser()
-    else:
-        if wanted:
-            raise BenchInputError(f"the llama.cpp methods need a GGUF file; {model} is not one")
-        return None
-    log(f"llama.cpp anchors on {gguf}")
-    return bench_llamacpp.LlamaCppAnchors.open(gguf, n_ctx)
-
-
-def prepare_prompts(generator, store, questions: Sequence[Question], max_new_tokens: int,
-                    failures: list[str], k: int = 4) -> list[Prepared]:
-    """Each question's prompt as `ragspec ask` builds it (k passages, room for the answer);
-    a question whose prompt cannot be built is appended to `failures`."""
-    from ragspec.pipeline import NoDocumentsError, Pipeline, PipelineConfig
-    from ragspec.retrieval.errors import RetrievalError
-
-    pipe = Pipeline(store, generator, PipelineConfig(k=k, max_new_tokens=max_new_tokens))
-    prepared = []
-    for q in questions:
-        try:
-            p = pipe.prepare(q.question)
-        except (RetrievalError, NoDocumentsError, ValueError) as exc:
-            failures.append(f"question {q.id}: {exc}")
-            continue
-        prepared.append(Prepared(q, list(p.prompt_ids), tuple(p.sources)))
-    return prepared
+__all__ = ["METHODS", "KINDS", "BASELINE", "REFERENCE", "BenchInputError", "Question",
+           "load_questions", "Prepared", "MethodRun", "Runner", "Setup", "build_setup",
+           "ingest_corpus", "prepare_prompts", "run_bench", "bench_question", "select_methods",
+           "method_order", "warm_up", "looping", "stock_transformers"]

@@ -6,6 +6,12 @@ speedup = a method's tokens_per_s over its baseline's on the same question (BASE
 methods over greedy, hf_pld over hf_greedy, llamacpp_pld over llamacpp: each tool against its
 own plain decoding). The ratios compare ragspec with what users would otherwise run, question by
 question, end to end: ragspec's tokens/s over llama.cpp's greedy and over transformers' generate.
+
+Speed counts on answers worth reading: every median and minimum speedup and every ratio is
+given over all questions and over those whose answer did not loop (an entry's "looping", see
+ragspec.bench.runner; keys ending in "_non_looping"), and each kind says how many looping
+answers were left out ("looping", "looping_share"). A looping answer is mostly the model
+copying its own earlier text: it drafts well and reads badly.
 """
 
 from __future__ import annotations
@@ -26,9 +32,19 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def is_looping(entry: dict) -> bool:
+    """Entries from before loops were recorded count as not looping."""
+    return bool(entry.get("looping", False))
+
+
+def _speedups(entries: list[dict], method: str) -> list[float]:
+    return [s for s in (entry_speedup(e, method) for e in entries) if s is not None]
+
+
 def _method_summary(entries: list[dict], method: str) -> dict:
     runs = [e["results"][method] for e in entries]
-    speedups = [s for s in (entry_speedup(e, method) for e in entries) if s is not None]
+    speedups = _speedups(entries, method)
+    clean = _speedups([e for e in entries if not is_looping(e)], method)
     decode = [s for s in (entry_speedup(e, method, "decode_tokens_per_s") for e in entries)
               if s is not None]
     drafted = [r["drafted_tokens"] for r in runs]
@@ -43,6 +59,8 @@ def _method_summary(entries: list[dict], method: str) -> dict:
     return {
         "median_speedup": _median(speedups),
         "min_speedup": min(speedups) if speedups else None,
+        "median_speedup_non_looping": _median(clean),
+        "min_speedup_non_looping": min(clean) if clean else None,
         "median_decode_speedup": _median(decode),
         "median_tokens_per_s": _median([r["tokens_per_s"] for r in runs]),
         "median_ttft_seconds": _median([r["ttft_seconds"] for r in runs]),
@@ -69,18 +87,35 @@ def summarize(entries: list[dict], methods: Sequence[str] = METHODS) -> dict:
     return summary
 
 
+def looping_counts(entries: list[dict]) -> dict:
+    """{KIND: {"questions", "looping", "looping_share"}}: the answers the non-looping figures
+    leave out."""
+    out = {}
+    for kind in (*KINDS, "all"):
+        chosen = [e for e in entries if kind == "all" or e["kind"] == kind]
+        looping = sum(is_looping(e) for e in chosen)
+        out[kind] = {"questions": len(chosen), "looping": looping,
+                     "looping_share": looping / len(chosen) if chosen else None}
+    return out
+
+
 def ratios(entries: list[dict], methods: Sequence[str]) -> dict:
-    """{KIND: {"A/B": {"median", "min"}}}: A's end-to-end tokens/s over B's, per question."""
+    """{KIND: {"A/B": {"median", "min", "median_non_looping", "min_non_looping"}}}: A's
+    end-to-end tokens/s over B's, per question."""
     out = {}
     for kind in (*KINDS, "all"):
         chosen = [e for e in entries if kind == "all" or e["kind"] == kind]
         out[kind] = {}
         for a, b in RATIOS:
             if a in methods and b in methods:
-                values = [e["results"][a]["tokens_per_s"] / e["results"][b]["tokens_per_s"]
-                          for e in chosen if e["results"][b]["tokens_per_s"]]
-                out[kind][f"{a}/{b}"] = {"median": _median(values),
-                                         "min": min(values) if values else None}
+                values = [(e["results"][a]["tokens_per_s"] / e["results"][b]["tokens_per_s"],
+                           is_looping(e)) for e in chosen if e["results"][b]["tokens_per_s"]]
+                every = [v for v, _ in values]
+                clean = [v for v, loops in values if not loops]
+                out[kind][f"{a}/{b}"] = {
+                    "median": _median(every), "min": min(every) if every else None,
+                    "median_non_looping": _median(clean),
+                    "min_non_looping": min(clean) if clean else None}
     return out
 
 
@@ -91,7 +126,8 @@ def build_results(model: str, device: str, max_new_tokens: int, entries: list[di
     methods = list(entries[0]["results"]) if entries else list(METHODS)
     results = {"model": model, "device": device, "max_new_tokens": max_new_tokens,
                "repeats": repeats, "methods": methods, "questions": entries,
-               "summary": summarize(entries, methods), "ratios": ratios(entries, methods)}
+               "summary": summarize(entries, methods), "ratios": ratios(entries, methods),
+               "looping": looping_counts(entries)}
     if llamacpp_build is not None:
         results["llamacpp_build"] = llamacpp_build
     return results
@@ -105,17 +141,22 @@ def format_table(results: dict) -> str:
     """The summary as a fixed-width text table (Markdown-compatible)."""
     counts = {k: sum(1 for e in results["questions"] if k == "all" or e["kind"] == k)
               for k in (*KINDS, "all")}
-    header = ("| kind | method | median speedup | min speedup | median decode speedup "
+    header = ("| kind | method | median speedup, non-looping (min) | median speedup, all (min) "
+              "| median decode speedup "
               "| median tok/s | median first token | accept rate | mean accepted | identical |")
     lines = [header, "|" + "---|" * 10]
+    loops = results.get("looping") or looping_counts(results["questions"])
     for kind, methods in results["summary"].items():
         if not counts[kind]:
             continue
         for method, s in methods.items():
             ident = {True: "yes", False: "NO", None: "-"}[s["all_identical"]]
             lines.append(
-                f"| {kind} (n={counts[kind]}) | {method} | {_fmt(s['median_speedup'], '.2f', '×')} "
-                f"| {_fmt(s['min_speedup'], '.2f', '×')} "
+                f"| {kind} (n={counts[kind]}, {loops[kind]['looping']} looping) | {method} "
+                f"| {_fmt(s.get('median_speedup_non_looping'), '.2f', '×')} "
+                f"({_fmt(s.get('min_speedup_non_looping'), '.2f', '×')}) "
+                f"| {_fmt(s['median_speedup'], '.2f', '×')} "
+                f"({_fmt(s['min_speedup'], '.2f', '×')}) "
                 f"| {_fmt(s['median_decode_speedup'], '.2f', '×')} "
                 f"| {_fmt(s['median_tokens_per_s'], '.1f')} "
                 f"| {_fmt(s['median_ttft_seconds'], '.2f', ' s')} "
@@ -124,6 +165,12 @@ def format_table(results: dict) -> str:
     for kind, pairs in results.get("ratios", {}).items():
         for name, r in pairs.items():
             if counts[kind] and r["median"] is not None:
-                lines.append(f"{kind}: {name} tokens/s median {r['median']:.2f}×, "
-                             f"min {r['min']:.2f}×")
+                lines.append(f"{kind}: {name} tokens/s median "
+                             f"{_fmt(r.get('median_non_looping'), '.2f', '×')} non-looping "
+                             f"(min {_fmt(r.get('min_non_looping'), '.2f', '×')}), "
+                             f"{r['median']:.2f}× all (min {r['min']:.2f}×)")
+    for kind, c in loops.items():
+        if c["questions"]:
+            lines.append(f"{kind}: {c['looping']} of {c['questions']} answers looped "
+                         f"({c['looping_share']:.0%}); the non-looping figures leave them out")
     return "\n".join(lines)

@@ -50,7 +50,10 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
     passage reaches --min-score, no answer is generated (the model is not even loaded): ask says
     that the documents do not appear to hold the answer and shows the closest passages.
     --json prints {"answer": {...as generate --json...}|null, "passages": [...],
-    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}.
+    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}. An answer that
+    starts repeating itself ends there (answer.stats.stop_reason "repetition", and a note in
+    the text output); drafts copied from a passage are highlighted, repeats of the answer's own
+    text or of the question are underlined.
 
     \b
     Example:
@@ -176,7 +179,7 @@ def _print_text(prepared, streams, greedy: bool) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    from ragspec.describe import identical_verdict, passage_label, seconds_speedup
+    from ragspec.describe import identical_verdict, passage_label, seconds_speedup, stop_note
     from ragspec.pipeline import passages_to_dicts
 
     console = Console(highlight=False, soft_wrap=True)
@@ -194,6 +197,9 @@ def _print_text(prepared, streams, greedy: bool) -> None:
         console.print()
         results.append(stream.result())
         console.print(f"[dim]{stats_line(results[-1].stats)}[/]")
+        note = stop_note(results[-1].stats.stop_reason)
+        if note:
+            console.print(f"[bold]{escape(note)}[/]")
     if len(results) > 1:
         base, spec = results
         _, verdict = identical_verdict(base.token_ids, spec.token_ids, greedy)

@@ -17,6 +17,7 @@ import click
 from ragspec.bench import runner as core
 from ragspec.bench import summary as summary
 from ragspec.bench.llamacpp import LLAMACPP_METHODS
+from ragspec.commands.common import corpus_option, limit_option
 from ragspec.decoding.weights import WEIGHTS
 
 
@@ -35,9 +36,7 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
 
 
 @click.command("bench")
-@click.option("--corpus", required=True, metavar="DIR",
-              type=click.Path(exists=True, file_okay=False, dir_okay=True),
-              help="Folder of documents to ingest and answer from.")
+@corpus_option
 @click.option("--questions", "questions_file", required=True, metavar="FILE.jsonl",
               type=click.Path(exists=True, dir_okay=False),
               help='One {"id", "question", "kind": "copy"|"open"} object per line.')
@@ -45,8 +44,7 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
               help="New tokens per answer (every method stops there or at EOS).")
 @click.option("--model", default=None, metavar="M",
               help="Model folder or Hugging Face id in the local cache (default: bundled).")
-@click.option("--limit", default=None, type=click.IntRange(min=1), metavar="N",
-              help="Only the first N questions.")
+@limit_option
 @click.option("--index", default=None, metavar="INDEX",
               help="Reuse this index (a folder, milvus:PATH.db or "
                    "milvus://HOST:PORT/COLLECTION; the corpus is ingested into it, unchanged "
@@ -83,7 +81,10 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     (model.generate with prompt_lookup_num_tokens=10), oracle (the engine drafting the true
     greedy continuation) and, with llama-cpp-python installed, llamacpp and llamacpp_pld (the
     same GGUF file). Speedups are tokens/s (prefill included) over each tool's own greedy on the
-    same question; the ratios compare ragspec with llama.cpp and transformers directly.
+    same question; the ratios compare ragspec with llama.cpp and transformers directly. Every
+    method ends an answer where `ragspec ask` would (end of text, the length limit, or the
+    answer starting to repeat itself), and every figure is also given over the answers that did
+    not loop, with the number left out.
     """
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     try:

@@ -21,6 +21,17 @@ index_option = click.option(
          "milvus://HOST:PORT/COLLECTION (a Milvus server; token in RAGSPEC_MILVUS_TOKEN).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout.")
+# For the commands that ingest a corpus into a scratch index (bench, eval).
+corpus_option = click.option(
+    "--corpus", required=True, metavar="DIR",
+    type=click.Path(exists=True, file_okay=False, dir_okay=True),
+    help="Folder of documents to ingest and answer from.")
+limit_option = click.option("--limit", default=None, type=click.IntRange(min=1), metavar="N",
+                            help="Only the first N questions.")
+reuse_index_option = click.option(
+    "--index", default=None, metavar="DIR", type=click.Path(file_okay=False, dir_okay=True),
+    help="Reuse this index (the corpus is ingested into it; unchanged files are skipped) "
+         "instead of a temporary one.")
 search_mode_option = click.option(
     "--search-mode", "search_mode", type=click.Choice(SEARCH_MODES), default=DEFAULT_SEARCH,
     show_default=True,

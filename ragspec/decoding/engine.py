@@ -30,7 +30,13 @@ from ragspec.decoding.ngram import Match, NgramIndex
 from ragspec.decoding.packed import step_forward
 from ragspec.decoding.policy import DraftPolicy, ForwardCost
 from ragspec.decoding.provenance import locate_origin
-from ragspec.decoding.sampling import accept_greedy, accept_sampled, next_token
+from ragspec.decoding.repetition import RepetitionGuard, penalty_windows
+from ragspec.decoding.sampling import (
+    accept_greedy,
+    accept_sampled,
+    apply_repeat_penalty,
+    next_token,
+)
 from ragspec.decoding.text import SpanText
 from ragspec.decoding.types import (
     GenerationConfig,
@@ -200,6 +206,9 @@ class GenerationStream:
         self._index = NgramIndex(prompt, min_n=config.draft.min_ngram,
                                  max_n=config.draft.max_ngram)
         self._cache = None
+        repeat = config.repeat
+        self._guard = (RepetitionGuard(repeat.stop_ngram, repeat.stop_count)
+                       if repeat is not None and repeat.stop_ngram else None)
         self._stop_requested = False
         self._iter = self._run()
 
@@ -259,6 +268,7 @@ class GenerationStream:
     def _prefill(self) -> Step:
         self._cache = new_cache(self.gen.model)
         logits = forward(self.gen.model, self.prompt_ids, self._cache, logits_to_keep=1)
+        logits = self._penalised(logits, [])
         return Step([next_token(logits[-1], self.config.sampling, self._rng)])
 
     def _propose(self) -> tuple[Match | None, list[int]]:
@@ -280,7 +290,16 @@ class GenerationStream:
         every token but the last. A step forward however long the draft: packed layers run
         their row-invariant kernels (ragspec.decoding.packed)."""
         with step_forward():
-            return forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
+            logits = forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
+        return self._penalised(logits, draft)
+
+    def _penalised(self, logits: torch.Tensor, draft: list[int]) -> torch.Tensor:
+        """The repetition penalty, if any, row by row: row j by the tokens before it."""
+        repeat = self.config.repeat
+        if repeat is None or repeat.penalty == 1.0:
+            return logits
+        windows = penalty_windows(self._index.tokens, draft, repeat.penalty_last_n)
+        return apply_repeat_penalty(logits, windows, repeat.penalty)
 
     def _accept(self, logits: torch.Tensor, match: Match | None, draft: list[int]) -> Step:
         sampling = self.config.sampling
@@ -308,6 +327,7 @@ class GenerationStream:
             drafted = i < step.accepted
             hit = self._text.push(token, drafted, step.origin if drafted else None)
             reason = ("eos" if token in self.gen.eos_token_ids else "stop_string" if hit
+                      else "repetition" if self._guard is not None and self._guard.push(token)
                       else "max_new_tokens" if len(self.token_ids) >= self.config.max_new_tokens
                       else "")
             if reason:

@@ -100,3 +100,17 @@ def next_token(logits_row: torch.Tensor, cfg: SamplingConfig, generator) -> int:
     if cfg.greedy:
         return int(logits_row.argmax().item())
     return sample(target_probs(logits_row[None, :], cfg)[0], generator)
+
+
+def apply_repeat_penalty(logits: torch.Tensor, windows, penalty: float) -> torch.Tensor:
+    """logits (rows, vocab) -> a penalised copy: in row i, the logits of the tokens in
+    windows[i] (ragspec.decoding.repetition.penalty_windows) are divided by `penalty` when
+    positive and multiplied by it when negative (the rule llama.cpp and Ollama use). The same
+    operations on the same values whether a row comes from a verify forward or a plain step."""
+    out = logits.clone()
+    for row, tokens in enumerate(windows):
+        if tokens:
+            index = torch.tensor(sorted(tokens), dtype=torch.long, device=logits.device)
+            values = out[row, index]
+            out[row, index] = torch.where(values > 0, values / penalty, values * penalty)
+    return out

@@ -204,11 +204,46 @@ class DraftConfig:
 
 
 @dataclass(frozen=True)
+class RepeatConfig:
+    """What to do about an answer that repeats itself (ragspec.decoding.repetition).
+
+    stop_ngram/stop_count: end generation (stop_reason "repetition") at the token that completes
+        an n-gram of stop_ngram output tokens written stop_count times; stop_ngram 0 = no rule.
+        The output is then a prefix of the output without the rule, so speculation stays exact.
+    penalty/penalty_last_n: the repetition penalty llama.cpp and Ollama apply (1.0 = off):
+        logits of the tokens among the last penalty_last_n of the sequence (prompt and output)
+        are divided by penalty when positive, multiplied when negative; in a verify forward
+        each draft position is penalised by the tokens before it.
+    """
+
+    stop_ngram: int = 0
+    stop_count: int = 2
+    penalty: float = 1.0
+    penalty_last_n: int = 64
+
+    def __post_init__(self) -> None:
+        if self.stop_ngram < 0:
+            raise ValueError(f"stop_ngram must be >= 0 (0 = no stop rule), got {self.stop_ngram}")
+        if self.stop_count < 2:
+            raise ValueError(f"stop_count must be >= 2 (an n-gram written that many times ends "
+                             f"the answer), got {self.stop_count}")
+        if not 1.0 <= self.penalty <= 10.0:
+            raise ValueError(f"the repetition penalty must be between 1.0 (off) and 10, "
+                             f"got {self.penalty}")
+        if self.penalty_last_n < 1:
+            raise ValueError(f"penalty_last_n must be >= 1, got {self.penalty_last_n}")
+
+
+@dataclass(frozen=True)
 class GenerationConfig:
+    """repeat: the stop rule and penalty for repetition; None = not set: the engine then uses
+    neither (its output equals model.generate's), and ragspec.pipeline fills in its own."""
+
     max_new_tokens: int = 128
     stop_strings: tuple[str, ...] = ()
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
+    repeat: RepeatConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -4,12 +4,13 @@ Contract: `chat_markdown(chat)` takes a chat dict as ragspec.web.chats stores it
 Answers are quoted as written; each answer is followed by its passages, numbered as the answer
 cites them ([1], [2], ...), with file name, page and the passage text as a block quote. A
 side-by-side answer exports its last run (speculation on), which is the one the chat shows
-with provenance. Stopped, failed and interrupted answers say so.
+with provenance. Stopped, failed and interrupted answers say so, and so do answers that ended
+because they started repeating themselves or reached the length limit.
 """
 
 from __future__ import annotations
 
-from ragspec.describe import source_label
+from ragspec.describe import source_label, stop_note
 from ragspec.search import NOT_IN_DOCUMENTS
 from ragspec.web.chats import answer_record
 
@@ -35,6 +36,8 @@ def _answer(message: dict) -> list[str]:
     note = _STATUS_NOTE.get(record["status"])
     if note:
         out.append(note.format(error=record["error"] or "unknown error"))
+    elif record["runs"] and stop_note(record["runs"][-1]["stats"].stop_reason):
+        out.append(f"*({stop_note(record['runs'][-1]['stats'].stop_reason)})*")
     if record["passages"]:
         out.append("**Passages**")
         for i, passage in enumerate(record["passages"]):

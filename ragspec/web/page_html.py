@@ -13,9 +13,12 @@ makes the text inert both as HTML (`<`, `>`, `&`, quotes) and as the Markdown St
     GitHub-flavoured Markdown turns URL- and e-mail-like text into links after decoding the
     character references.
 
-Drafted spans are <mark class="rs-draft"> with a `title` (shown on hover) naming the passage and
-character range they were copied from; passages are rendered with their copied ranges marked the
-same way.
+Accepted drafts copied from a passage are <mark class="rs-draft"> (highlighted) with a `title`
+(shown on hover) naming the passage and character range they were copied from; passages are
+rendered with their copied ranges marked the same way. Accepted drafts copied from the answer's
+own earlier text or from other prompt text (the question, the instruction) are not sources: they
+are <mark class="rs-echo"> (a dotted underline, no highlight) and their title says where they
+repeat from (ragspec.describe.draft_source).
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from ragspec.describe import merge_ranges, passage_label
+from ragspec.describe import PASSAGE, draft_source, merge_ranges, passage_label
 from ragspec.terminal import printable
 
 DRAFT_COLOUR = "#ffe38a"
 OWN_COLOUR = "#d5ecff"
+ECHO_STYLE = "background:none;text-decoration:underline dotted #8a8a8a;text-underline-offset:3px"
 QUOTE_COLOUR = "#c8f0d8"  # quoted: found word for word in a passage, not a draft
 
 # Characters Markdown (and Streamlit's extensions: :emoji:, :red[...], $math$) would interpret.
@@ -38,6 +42,7 @@ _ENTITIES[ord("\r")] = ""
 
 STYLE = f"""<style>
 mark.rs-draft {{ background: {DRAFT_COLOUR}; padding: 0 1px; border-radius: 3px; }}
+mark.rs-echo {{ {ECHO_STYLE}; color: inherit; }}
 mark.rs-quote {{ background: {QUOTE_COLOUR}; padding: 0 1px; border-radius: 3px; }}
 .rs-answer, .rs-passage {{ line-height: 1.6; }}
 .rs-passage {{ font-size: 0.9em; border-left: 3px solid #ddd; padding-left: 0.6em; }}
@@ -63,6 +68,11 @@ def escape_text(text: str, *, inline: bool = False) -> str:
 
 
 def _mark(inner: str, title: str, kind: str = "draft") -> str:
+    """A highlighted copy from a passage ("draft"), a quoted span ("quote"), or an underlined
+    repeat of the answer's own text or of the question ("echo": any other draft source)."""
+    if kind == "echo":
+        return (f'<mark class="rs-echo" style="{ECHO_STYLE}" '
+                f'title="{escape_text(title)}">{inner}</mark>')
     colour = QUOTE_COLOUR if kind == "quote" else DRAFT_COLOUR
     return (f'<mark class="rs-{kind}" style="background:{colour}" '
             f'title="{escape_text(title)}">{inner}</mark>')
@@ -75,10 +85,6 @@ def quote_title(span, passages: Sequence = ()) -> str:
         return (f"quoted: found word for word in {passage_label(o.source, passages[o.source])}, "
                 f"characters {o.char_start}-{o.char_end} (the server reports no drafts)")
     return "quoted: found word for word in a passage"
-
-
-
-
 
 
 def span_title(span, passages: Sequence = ()) -> str:
@@ -94,8 +100,10 @@ def span_title(span, passages: Sequence = ()) -> str:
         return (f"accepted draft copied from {passage_label(o.source, p)}, "
                 f"characters {o.char_start}-{o.char_end}: \u201c{excerpt}\u201d")
     if o.in_prompt:
-        return f"accepted draft copied from the prompt (token {o.position})"
-    return f"accepted draft copied from earlier in the answer (token {o.position})"
+        return (f"accepted draft repeating the question or instruction (prompt token "
+                f"{o.position}), not a passage")
+    return (f"accepted draft repeating the answer's own earlier text (token {o.position}), "
+            f"not a source")
 
 
 def spans_html(spans: Iterable, passages: Sequence = ()) -> str:
@@ -105,16 +113,36 @@ def spans_html(spans: Iterable, passages: Sequence = ()) -> str:
         inner = escape_text(span.text)
         if not inner:
             continue
-        if span.drafted:
-            inner = _mark(inner, span_title(span, passages))
+        source = draft_source(span)
+        if source is not None:
+            inner = _mark(inner, span_title(span, passages),
+                          "draft" if source == PASSAGE else "echo")
         elif getattr(span, "quoted", False):
             inner = _mark(inner, quote_title(span, passages), "quote")
         out.append(inner)
     return f'<div class="rs-answer">{"".join(out)}</div>'
 
 
-
-
+def sources_html(spans: Iterable, passages: Sequence = ()) -> str:
+    """The "where the highlighted spans came from" list: each copy from a passage with its
+    source; repeats of the answer's own text or of the question are counted, not listed as
+    sources."""
+    items, repeats = [], 0
+    for span in spans:
+        source = draft_source(span)
+        if source == PASSAGE:
+            items.append(f"<li>{_mark(escape_text(span.text), span_title(span, passages))} "
+                         f"&#8592; {escape_text(span_title(span, passages))}</li>")
+        elif source is not None and span.text:
+            repeats += 1
+    note = ""
+    if repeats:
+        note = (f"<p>{repeats} accepted draft{'s' if repeats != 1 else ''} "
+                f"(<mark class=\"rs-echo\" style=\"{ECHO_STYLE}\">underlined</mark>) "
+                f"{'repeat' if repeats != 1 else 'repeats'} the answer's own earlier text or "
+                f"the question: not sources.</p>")
+    listed = f"<ul>{''.join(items)}</ul>" if items else "<p>No span was copied from a passage.</p>"
+    return f"<div>{listed}{note}</div>"
 
 
 def passage_html(text: str, ranges: Sequence[tuple[int, int]] = (),
@@ -144,9 +172,11 @@ def legend_html(quoted: bool = False) -> str:
                 f'server does not report its drafts, so none are shown. Hover a quote to see '
                 f'its passage.</div>')
     return (f'<div class="rs-legend"><mark class="rs-draft-legend" style="background:'
-            f'{DRAFT_COLOUR}">highlighted</mark> = accepted draft: copied from a passage by the '
-            f'n-gram drafter and confirmed by the model in one forward pass; plain text = '
-            f'written by the model token by token. Hover a highlight to see its source.</div>')
+            f'{DRAFT_COLOUR}">highlighted</mark> = accepted draft copied from a passage by the '
+            f'n-gram drafter and confirmed by the model in one forward pass (hover it to see '
+            f'the passage); <mark class="rs-echo-legend" style="{ECHO_STYLE}">underlined</mark>'
+            f' = accepted draft repeating the answer\'s own earlier text or the question: not '
+            f'a source; plain text = written by the model token by token.</div>')
 
 
 

@@ -68,6 +68,9 @@ def show_answer(record: dict) -> None:
                 st.subheader(run["label"])
             st.markdown(rd.spans_html(run["spans"], passages), unsafe_allow_html=True)
             show_stats(run, runs[0] if len(runs) > 1 and run is runs[-1] else None)
+    note = describe.stop_note(runs[-1]["stats"].stop_reason)
+    if note and status != "stopped":
+        st.caption(md(note))
     if status == "stopped":
         st.caption("\u23f9 Stopped: the answer ends where Stop was pressed.")
     elif len(runs) > 1:
@@ -124,13 +127,10 @@ def show_stats(run: dict, baseline: dict | None) -> None:
 
 
 def show_sources(spans, passages, scores) -> None:
-    drafted = [sp for sp in spans if sp.drafted]
-    if drafted:
-        with st.expander(f"Where the highlighted spans came from ({len(drafted)})"):
-            lines = [f"<li><mark class=\"rs-draft\" style=\"background:{rd.DRAFT_COLOUR}\">"
-                     f"{rd.escape_text(sp.text)}</mark> ← "
-                     f"{rd.escape_text(rd.span_title(sp, passages))}</li>" for sp in drafted]
-            st.markdown(f"<div><ul>{''.join(lines)}</ul></div>", unsafe_allow_html=True)
+    copies = [sp for sp in spans if describe.draft_source(sp) == describe.PASSAGE]
+    if any(sp.drafted for sp in spans):
+        with st.expander(f"Where the highlighted spans came from ({len(copies)})"):
+            st.markdown(rd.sources_html(spans, passages), unsafe_allow_html=True)
     copied = describe.copied_ranges(spans)
     quoted = describe.copied_ranges(spans, quoted=True)
     if quoted:
