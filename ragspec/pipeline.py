@@ -224,11 +224,17 @@ class Pipeline:
         """Build the prompt from given passages (no retrieval, no rewriting)."""
         return self._build(check_question(question), list(passages), [])
 
-    def stream(self, prepared: PreparedPrompt, gen_config: GenerationConfig) -> GenerationStream:
-        """Generate the answer; a config without `repeat` gets this pipeline's stop rule."""
+    def answer_config(self, gen_config: GenerationConfig) -> GenerationConfig:
+        """gen_config for an answer: a config without `repeat` gets this pipeline's stop rule
+        (every path that answers a question — stream, the scheduler's callers — uses this)."""
         if gen_config.repeat is None:
             gen_config = replace(gen_config, repeat=self.config.repeat)
-        return self.generator.stream(prepared.prompt_ids, gen_config, sources=prepared.sources)
+        return gen_config
+
+    def stream(self, prepared: PreparedPrompt, gen_config: GenerationConfig) -> GenerationStream:
+        """Generate the answer, with the stop rule of `answer_config`."""
+        return self.generator.stream(prepared.prompt_ids, self.answer_config(gen_config),
+                                     sources=prepared.sources)
 
     def ask(self, question: str, history: Sequence[dict] = (),
             gen_config: GenerationConfig | None = None) -> Answer:

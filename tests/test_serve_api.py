@@ -14,7 +14,6 @@ import numpy as np
 import openai
 import pytest
 import serve_support
-from fastapi import Request
 
 from ragspec.decoding.engine import Generator
 from ragspec.decoding.model import chat_prompt_ids
@@ -209,21 +208,41 @@ def test_malformed_requests_each_get_a_4xx_json_error(server):
     assert len(seen) == 12
 
 
-def test_authentication_hook_can_refuse_with_401(server):
-    from ragspec.serve.auth import authenticate
-    from ragspec.serve.errors import APIError
+def test_with_accounts_every_request_needs_a_valid_api_key(tiny_model, tiny_tokenizer, tmp_path,
+                                                            monkeypatch):
+    """A server whose machine has accounts answers a key made by `ragspec users key`, refuses
+    a missing, wrong or revoked one with a 401 error object, and applies the user's answer
+    length quota; /health stays open."""
+    from ragspec.accounts.users import AccountStore, Quotas
 
-    async def no_key(request: Request):
-        raise APIError(401, "missing API key", code="invalid_api_key")
-
-    api = server.asgi.app
-    api.dependency_overrides[authenticate] = no_key
+    monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path))
+    accounts = AccountStore()
+    accounts.add("olive", "a long enough password")
+    accounts.add("max", "another long password", quotas=Quotas(answer_tokens=8))
+    key, short = accounts.create_key("olive"), accounts.create_key("max")
+    running = serve_support.start(tiny_model, tiny_tokenizer, auth_mode="accounts")
     try:
-        reply = httpx.get(f"{server.base_url}/models", timeout=10)
-        assert reply.status_code == 401 and reply.json()["error"]["type"] == "authentication_error"
-        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+        def models(headers):
+            return httpx.get(f"{running.base_url}/models", headers=headers, timeout=10)
+
+        for headers in ({}, {"Authorization": "Bearer rsk_nothing_like_a_key"},
+                        {"Authorization": f"Basic {key}"}):
+            reply = models(headers)
+            assert reply.status_code == 401, headers
+            assert reply.json()["error"]["code"] == "invalid_api_key"
+            assert key not in reply.text
+        assert models({"Authorization": f"Bearer {key}"}).status_code == 200
+        client = openai.OpenAI(base_url=running.base_url, api_key=key, max_retries=0, timeout=60)
+        assert client.completions.create(model="tiny", prompt="abcabc", max_tokens=4).choices
+        quota = httpx.post(f"{running.base_url}/completions", timeout=30,
+                           headers={"Authorization": f"Bearer {short}"},
+                           json={"model": "tiny", "prompt": "abcabc", "max_tokens": 9})
+        assert quota.status_code == 400 and quota.json()["error"]["param"] == "max_tokens"
+        accounts.revoke_keys("olive")
+        assert models({"Authorization": f"Bearer {key}"}).status_code == 401
+        assert httpx.get(f"{running.url}/health", timeout=10).status_code == 200
     finally:
-        api.dependency_overrides.clear()
+        running.stop()
 
 
 def _long_stream(base_url: str, opened: threading.Event, release: threading.Event):

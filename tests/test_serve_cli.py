@@ -43,6 +43,20 @@ def test_a_port_in_use_is_one_clear_line(run):
     assert f"cannot listen on 127.0.0.1:{port}" in result.output
 
 
+def test_another_machines_address_without_an_account_is_refused(run, tmp_path):
+    """The chat's binding rule: 0.0.0.0 with no account refuses to start (exit 2, naming the
+    way out) before anything loads; --no-auth goes on (and here stops at the taken port)."""
+    refused = run("serve", "--host", "0.0.0.0")
+    assert refused.exit_code == 2
+    assert "ragspec users add" in refused.output and "--no-auth" in refused.output
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        open_ = run("serve", "--host", "0.0.0.0", "--no-auth", "--port", str(port))
+    assert open_.exit_code == 1 and "cannot listen on 0.0.0.0" in open_.output
+
+
 def _serve(home: Path, model: Path, index: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "RAGSPEC_HOME": str(home), "OMP_WAIT_POLICY": "PASSIVE"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

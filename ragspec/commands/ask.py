@@ -103,6 +103,7 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
             if remote:
                 streams.append((label, pipeline.stream(prepared, run_config)))
                 continue
+            run_config = pipeline.answer_config(run_config)
             gen.stream(prepared.prompt_ids, run_config)  # refuses what the engine refuses, now
             streams.append((label, scheduler.submit(prepared.prompt_ids, run_config,
                                                     sources=prepared.sources)))

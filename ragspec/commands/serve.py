@@ -10,8 +10,6 @@ import click
 from ragspec.commands.common import min_score_option, model_options, search_mode_option
 from ragspec.terminal import printable
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
 
 def parse_indexes(values: tuple[str, ...]) -> dict[str, str | None]:
     """Retrieval model id -> index folder: `ragspec` for the first (or only) unnamed one,
@@ -45,7 +43,12 @@ def _check_port(host: str, port: int) -> None:
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind. The API has no keys yet: anyone who can reach it may use it.")
+              help="Address to bind. With accounts (`ragspec users add`) every request needs an "
+                   "API key (`ragspec users key NAME`); another machine's address needs an "
+                   "account, or --no-auth.")
+@click.option("--no-auth", is_flag=True,
+              help="Serve without API keys on any address (a warning is printed at every "
+                   "start): anyone who can reach the port may use it.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--index", "indexes", multiple=True, metavar="[NAME=]DIR",
               help="Index answered by model id `ragspec` (NAME=DIR: by `ragspec:NAME`); "
@@ -71,8 +74,9 @@ def _check_port(host: str, port: int) -> None:
               help="Largest request body accepted (413 beyond).")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-def serve(host, port, indexes, model_spec, device, exact, weights, model_id, k, search_mode,
-          min_score, max_tokens, max_active, max_waiting, prefill_chunk, max_body_kb, log_level):
+def serve(host, port, no_auth, indexes, model_spec, device, exact, weights, model_id, k,
+          search_mode, min_score, max_tokens, max_active, max_waiting, prefill_chunk,
+          max_body_kb, log_level):
     """Serve the model over an OpenAI-compatible HTTP API.
 
     Endpoints: GET /v1/models, POST /v1/chat/completions, /v1/completions (streamed or not)
@@ -88,6 +92,9 @@ def serve(host, port, indexes, model_spec, device, exact, weights, model_id, k, 
       curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"model": "ragspec", "messages": [{"role": "user", "content": "What is X?"}]}'
     """
+    from ragspec.commands.ui import sign_in_mode
+
+    auth_mode = sign_in_mode(host, no_auth)  # exits 2 on another machine's address w/o account
     index_dirs = parse_indexes(indexes)
     _check_port(host, port)
     from ragspec.commands.common import generator_from_options, open_store
@@ -106,7 +113,7 @@ def serve(host, port, indexes, model_spec, device, exact, weights, model_id, k, 
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     _run(host, port, gen, stores, pipeline_config, embedder, model_id or _default_id(model_spec),
-         max_active, max_waiting, prefill_chunk, max_body_kb * 1024, log_level)
+         max_active, max_waiting, prefill_chunk, max_body_kb * 1024, log_level, auth_mode)
 
 
 def _default_id(spec: str | None) -> str:
@@ -116,7 +123,7 @@ def _default_id(spec: str | None) -> str:
 
 
 def _run(host, port, gen, stores, pipeline_config, embedder, model_id, max_active, max_waiting,
-         prefill_chunk, max_body_bytes, log_level) -> None:
+         prefill_chunk, max_body_bytes, log_level, auth_mode: str = "single-user") -> None:
     import uvicorn
 
     from ragspec.decoding.scheduler import Scheduler
@@ -128,16 +135,19 @@ def _run(host, port, gen, stores, pipeline_config, embedder, model_id, max_activ
     service = Service(scheduler, model_id=model_id, stores=stores,
                       pipeline_config=pipeline_config, embedder=embedder, created=int(time.time()))
     app = create_app(service, max_body_bytes=max_body_bytes,
-                     max_in_flight=max(64, 4 * (max_active + max_waiting)))
+                     max_in_flight=max(64, 4 * (max_active + max_waiting)), auth_mode=auth_mode)
     ids = ", ".join(m["id"] for m in service.models())
     click.echo(f"Serving on http://{host}:{port}/v1 (models: {printable(ids)}); Ctrl-C to stop",
                err=True)
     if scheduler.packing_problem:
         click.echo(f"note: requests are interleaved, one forward each per step: "
                    f"{scheduler.packing_problem}", err=True)
-    if host not in _LOOPBACK:
-        click.echo(f"warning: {host} is not a loopback address and the API has no keys: anyone "
-                   f"who can reach it may use it", err=True)
+    if auth_mode == "open":
+        from ragspec.accounts.binding import NO_AUTH_WARNING
+
+        click.secho(NO_AUTH_WARNING.format(where=f"{host}:{port}"), err=True, fg="yellow")
+    elif auth_mode == "accounts":
+        click.echo("API keys required (ragspec users key NAME)", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5, lifespan="off")
     try:

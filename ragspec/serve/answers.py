@@ -152,8 +152,8 @@ class Service:
         except ValueError as exc:  # an empty or over-long question, a bad setting
             raise APIError(400, str(exc)) from exc
         return Job(model=req.model, prompt_ids=prepared.prompt_ids,
-                   config=req.generation_config(max_new), sources=list(prepared.sources),
-                   prepared=prepared, retrieval=True)
+                   config=pipeline.answer_config(req.generation_config(max_new)),
+                   sources=list(prepared.sources), prepared=prepared, retrieval=True)
 
     def _check_fits(self, pipeline: Pipeline, question: str) -> None:
         """Refuse before searching what could never be answered: max_tokens that leave no room

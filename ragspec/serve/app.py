@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from ragspec.decoding.scheduler import Request as Generation
 from ragspec.serve import errors, responses
 from ragspec.serve.answers import Job, Service
-from ragspec.serve.auth import authenticate
+from ragspec.serve.auth import authenticate, check_answer_length
 from ragspec.serve.errors import APIError
 from ragspec.serve.limits import Limits
 from ragspec.serve.requests import ChatRequest, CompletionRequest, EmbeddingRequest
@@ -41,10 +41,12 @@ _DISCONNECT_POLL_S = 0.5  # how often a non-streamed answer checks that its clie
 
 
 def create_app(service: Service, *, max_body_bytes: int = MAX_BODY_BYTES,
-               max_in_flight: int = MAX_IN_FLIGHT):
-    """The ASGI application: the routes inside the size and in-flight limits."""
+               max_in_flight: int = MAX_IN_FLIGHT, auth_mode: str = "single-user"):
+    """The ASGI application: the routes inside the size and in-flight limits. auth_mode: what
+    the API checks (ragspec.serve.auth)."""
     app = FastAPI(title="ragspec", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
+    app.state.auth_mode = auth_mode
     errors.install(app)
     auth = [Depends(authenticate)]
 
@@ -114,6 +116,7 @@ async def _answer(service: Service, kind: str, body, job: Job, request: Request)
         use = responses.usage(len(job.prompt_ids), 0)
         return responses.completion(kind, rid, created, job.model, text, "stop", use,
                                     service.extension(job, generation))
+    check_answer_length(request, job.config.max_new_tokens)
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
     generation = service.submit(job, listener=lambda: loop.call_soon_threadsafe(wake.set))

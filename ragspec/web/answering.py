@@ -191,8 +191,8 @@ class AnswerJob(Turn):
         if getattr(pipeline.generator, "remote", False):  # a server generates (ragspec.remote)
             stream = pipeline.stream(prepared, config)
         else:  # through the model's shared scheduler: answers running at once are batched
-            stream = scheduler_for(pipeline.generator).submit(prepared.prompt_ids, config,
-                                                              sources=prepared.sources)
+            stream = scheduler_for(pipeline.generator).submit(
+                prepared.prompt_ids, pipeline.answer_config(config), sources=prepared.sources)
         run = {"label": label, "spans": [], "stats": None}
         with self._lock:
             self.runs.append(run)
