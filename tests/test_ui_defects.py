@@ -195,8 +195,15 @@ def test_saving_a_streaming_answer_writes_the_answer_not_the_whole_chat(tmp_path
             pass
 
     class FakePipeline:
+        # a generator that streams through the pipeline (as a server's does), so the answer is
+        # this test's 60 spans rather than a scheduler's
+        generator = SimpleNamespace(remote=True)
+
         def __init__(self, *args):
             pass
+
+        def answer_config(self, config):
+            return config
 
         def prepare_retrieved(self, retrieval):
             return SimpleNamespace(passages=[PASSAGE], scores=[0.9], standalone_question=None)
