@@ -21,6 +21,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "formats.h"
@@ -398,40 +399,40 @@ static void qtile(const QArgs& a, int64_t n0, int64_t r0, float*) {
 
 // Rows in tiles of 4 (then 3, 2 or 1), columns in pairs (one at the edge). (Four columns for a
 // single row measured 2.5x slower than pairs: register pressure.)
-template <int F>
-static void qcolumns(const QArgs& a, int64_t n0, int64_t n1, int64_t m) {
-  std::vector<float> offs(4 * a.groups);
-  float* o = offs.data();
-  int64_t n = n0;
-#ifdef RS_AVX512
-  if (a.groups % 2 == 0) {
-    for (; n < n1;) {
-      const bool pair = n + 2 <= n1 && m > 1;
-      int64_t r = 0;
-      for (; r + 4 <= m; r += 4) pair ? qtile512<F, 2, 4>(a, n, r, o) : qtile512<F, 1, 4>(a, n, r, o);
-      switch (m - r) {
-        case 3: pair ? qtile512<F, 2, 3>(a, n, r, o) : qtile512<F, 1, 3>(a, n, r, o); break;
-        case 2: pair ? qtile512<F, 2, 2>(a, n, r, o) : qtile512<F, 1, 2>(a, n, r, o); break;
-        case 1: pair ? qtile512<F, 2, 1>(a, n, r, o) : qtile512<F, 1, 1>(a, n, r, o); break;
-        default: break;
-      }
-      n += pair ? 2 : 1;
-    }
-    return;
-  }
-#endif
-  for (; n < n1;) {
-    const bool pair = n + 2 <= n1;
+// `tile(n, r, pair, rows)` computes one tile; `rows` is a std::integral_constant with the row count.
+template <typename Tile>
+static void sweep(int64_t n0, int64_t n1, int64_t m, bool pairs, Tile tile) {
+  for (int64_t n = n0; n < n1;) {
+    const bool pair = pairs && n + 2 <= n1;
     int64_t r = 0;
-    for (; r + 4 <= m; r += 4) pair ? qtile<F, 2, 4>(a, n, r, o) : qtile<F, 1, 4>(a, n, r, o);
+    for (; r + 4 <= m; r += 4) tile(n, r, pair, std::integral_constant<int, 4>{});
     switch (m - r) {
-      case 3: pair ? qtile<F, 2, 3>(a, n, r, o) : qtile<F, 1, 3>(a, n, r, o); break;
-      case 2: pair ? qtile<F, 2, 2>(a, n, r, o) : qtile<F, 1, 2>(a, n, r, o); break;
-      case 1: pair ? qtile<F, 2, 1>(a, n, r, o) : qtile<F, 1, 1>(a, n, r, o); break;
+      case 3: tile(n, r, pair, std::integral_constant<int, 3>{}); break;
+      case 2: tile(n, r, pair, std::integral_constant<int, 2>{}); break;
+      case 1: tile(n, r, pair, std::integral_constant<int, 1>{}); break;
       default: break;
     }
     n += pair ? 2 : 1;
   }
+}
+
+template <int F>
+static void qcolumns(const QArgs& a, int64_t n0, int64_t n1, int64_t m) {
+  std::vector<float> offs(4 * a.groups);
+  float* o = offs.data();
+#ifdef RS_AVX512
+  if (a.groups % 2 == 0) {
+    sweep(n0, n1, m, m > 1, [&](int64_t n, int64_t r, bool pair, auto rows) {
+      constexpr int R = decltype(rows)::value;
+      pair ? qtile512<F, 2, R>(a, n, r, o) : qtile512<F, 1, R>(a, n, r, o);
+    });
+    return;
+  }
+#endif
+  sweep(n0, n1, m, true, [&](int64_t n, int64_t r, bool pair, auto rows) {
+    constexpr int R = decltype(rows)::value;
+    pair ? qtile<F, 2, R>(a, n, r, o) : qtile<F, 1, R>(a, n, r, o);
+  });
 }
 
 // ---- plain weights (F32/F16/BF16) × fp32 activations ---------------------------------------
