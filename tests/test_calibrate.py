@@ -269,3 +269,18 @@ def test_two_writers_saving_at_once_keep_both_entries(tiny_model, tmp_path, monk
         w.join()
     table = json.loads((tmp_path / calibrate.COSTS_FILE).read_text())
     assert {cost_key(tiny_model, CPU, d) for d in keys} <= set(table)
+
+
+def test_interleaved_rounds_time_every_cell_once_per_round_and_drop_the_warm_up():
+    calls = []
+
+    def run(cell):
+        calls.append(cell)
+        return float(len(calls))  # the seconds say when the cell ran
+
+    samples = calibrate.interleaved(["a", "b", "c", "d"], run, rounds=3)
+    rounds = [calls[i:i + 4] for i in range(0, 16, 4)]
+    assert all(sorted(r) == ["a", "b", "c", "d"] for r in rounds) and len(calls) == 16
+    assert len({tuple(r) for r in rounds}) > 1  # shuffled, not one fixed order
+    for cell, seconds in samples.items():  # rounds 1..3 kept, round 0 (the warm-up) not
+        assert seconds == [float(rounds[r].index(cell) + 1 + 4 * r) for r in (1, 2, 3)]

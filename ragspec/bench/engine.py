@@ -113,21 +113,11 @@ def _rss_mb() -> float:
 
 
 def _timed_rounds(step, sizes: int, rounds: int) -> list[float]:
-    """Low-quantile seconds of step(n) for n = 1..sizes, shuffled rounds (calibrate's method)."""
-    import random
+    """Low-quantile seconds of step(n) for n = 1..sizes, interleaved rounds (calibrate's method)."""
+    from ragspec.decoding.calibrate import QUANTILE, interleaved, quantile
 
-    from ragspec.decoding.calibrate import QUANTILE, quantile
-
-    samples: list[list[float]] = [[] for _ in range(sizes)]
-    order = random.Random(0)
-    for round_ in range(rounds + 1):  # round 0 warms up
-        cells = list(range(sizes))
-        order.shuffle(cells)
-        for i in cells:
-            seconds = step(i + 1)
-            if round_:
-                samples[i].append(seconds)
-    return [quantile(s, QUANTILE) for s in samples]
+    samples = interleaved(list(range(1, sizes + 1)), step, rounds)
+    return [quantile(samples[n], QUANTILE) for n in range(1, sizes + 1)]
 
 
 def _ragspec(spec: dict) -> dict:

@@ -138,6 +138,21 @@ def summarize(samples: list[list[float]], rounds: int, context: int,
 
 
 @torch.inference_mode()
+def interleaved(cells: list, run, rounds: int) -> dict:
+    """cell -> the seconds `run(cell)` took in each of `rounds` rounds; every round runs every
+    cell once, in a shuffled order (round 0 warms every cell up and is not kept)."""
+    samples: dict = {cell: [] for cell in cells}
+    order = random.Random(0)
+    cells = list(cells)
+    for round_ in range(rounds + 1):
+        order.shuffle(cells)
+        for cell in cells:
+            seconds = run(cell)
+            if round_:
+                samples[cell].append(seconds)
+    return samples
+
+
 def measure(model, max_tokens: int, context: int = CONTEXT_TOKENS, rounds: int = ROUNDS,
             clock: Clock = time.perf_counter, far_context: int | None = FAR_CONTEXT
             ) -> Calibration:
@@ -159,20 +174,21 @@ def measure(model, max_tokens: int, context: int = CONTEXT_TOKENS, rounds: int =
         caches.append((cache, cache.get_seq_length()))
     inputs = [torch.randint(0, vocab, (1, n), generator=gen).to(device)
               for n in range(1, max_tokens + 1)]
-    samples = [[[] for _ in inputs] for _ in contexts]
-    order = random.Random(0)
-    cells = [(c, i) for c in range(len(contexts)) for i in range(max_tokens)]
-    for round_ in range(rounds + 1):  # round 0 warms every shape up and is not kept
-        order.shuffle(cells)
-        for c, i in cells:
-            cache, base = caches[c]
-            start = clock()
-            with step_forward():  # timed as the engine runs verify forwards
-                logits = model(input_ids=inputs[i], cache=cache, use_cache=True).logits
-            logits[0].float().argmax(-1).tolist()  # includes the device sync and read-back
-            if round_:
-                samples[c][i].append(clock() - start)
-            crop_cache(cache, base)
+
+    def run(cell: tuple[int, int]) -> float:
+        c, i = cell
+        cache, base = caches[c]
+        start = clock()
+        with step_forward():  # timed as the engine runs verify forwards
+            logits = model(input_ids=inputs[i], cache=cache, use_cache=True).logits
+        logits[0].float().argmax(-1).tolist()  # includes the device sync and read-back
+        seconds = clock() - start
+        crop_cache(cache, base)
+        return seconds
+
+    timed = interleaved([(c, i) for c in range(len(contexts)) for i in range(max_tokens)],
+                        run, rounds)
+    samples = [[timed[(c, i)] for i in range(max_tokens)] for c in range(len(contexts))]
     far = samples[1] if len(contexts) > 1 else None
     return summarize(samples[0], rounds, contexts[0], far, contexts[-1])
 
