@@ -209,33 +209,43 @@ def _save_packed(gguf: Path, out: Path) -> None:
     packing.save(packing.gguf_entries(gguf, model), out / packing.PACKED_FILE)
 
 
-def convert_locked(gguf: Path, target: Path, on_convert: Callable[[Path], None] | None = None,
-                   packed: bool = False) -> bool:
-    """Make `target` from `gguf` unless it exists; True when this call converted it.
-    on_convert(gguf) is called once the conversion really starts (to tell the user).
-    packed: make a packed model's folder rather than a de-quantised one."""
+def make_locked(target: Path, make: Callable[[Path], None],
+                announce: Callable[[], None] | None = None) -> bool:
+    """Make the folder `target` with make(folder) unless it exists; True when this call made it.
+    Under a file lock beside it; the folder is built under a temporary name and renamed, so
+    readers see no folder or a whole one. announce() is called once the work really starts."""
     from filelock import FileLock
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target.with_name(target.name + ".lock"))):
         if is_converted(target):
-            return False  # another process converted it while this one waited
-        # Inside the lock only this process converts to `target`: leftovers are from a crash.
+            return False  # another process made it while this one waited
+        # Inside the lock only this process makes `target`: leftovers are from a crash.
         for stale in target.parent.glob(target.name + ".partial-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         tmp.mkdir()
-        if on_convert is not None:
-            on_convert(gguf)
+        if announce is not None:
+            announce()
         try:
-            (_save_packed if packed else _save_dequantised)(gguf, tmp)
+            make(tmp)
             if target.exists():
                 shutil.rmtree(target)  # an incomplete folder from an older run
-            tmp.rename(target)  # atomic: readers see no folder or a whole one
+            tmp.rename(target)  # atomic
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return True
+
+
+def convert_locked(gguf: Path, target: Path, on_convert: Callable[[Path], None] | None = None,
+                   packed: bool = False) -> bool:
+    """Make `target` from `gguf` unless it exists; True when this call converted it.
+    on_convert(gguf) is called once the conversion really starts (to tell the user).
+    packed: make a packed model's folder rather than a de-quantised one."""
+    save = _save_packed if packed else _save_dequantised
+    return make_locked(target, lambda out: save(gguf, out),
+                       None if on_convert is None else lambda: on_convert(gguf))
 
 
 def gguf_folder(path: Path | str, cache_dir: Path | str,

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,30 +70,14 @@ def _source_key(folder: Path) -> str:
 def quantised_folder(source: Path, weights: str, cache_dir: Path,
                      on_convert: Callable[[Path], None] | None = None) -> tuple[Path, bool]:
     """(folder, made now) of `source` (a transformers model folder) quantised to `weights`."""
-    from filelock import FileLock
-
-    from ragspec.decoding.convert import is_converted
+    from ragspec.decoding.convert import is_converted, make_locked
 
     target = Path(cache_dir) / f"packed-{_source_key(source)}-{weights}"
     if is_converted(target):
         return target, False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if is_converted(target):
-            return target, False
-        tmp = target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        tmp.mkdir()
-        if on_convert is not None:
-            on_convert(source)
-        try:
-            _save_quantised(source, weights, tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target, True
+    made = make_locked(target, lambda out: _save_quantised(source, weights, out),
+                       None if on_convert is None else lambda: on_convert(source))
+    return target, made
 
 
 def _save_quantised(source: Path, weights: str, out: Path) -> None:
