@@ -62,15 +62,9 @@ def machine_limits(repeats: int = 5) -> dict:
 
 
 def _cpu_name() -> str:
-    name, flags = "", []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not name:
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = line.split(":", 1)[1].split()
-    except OSError:
-        pass
+    from ragspec.bench.llama_build import cpu_flags, cpu_name
+
+    name, flags = cpu_name(), cpu_flags() or set()
     sets = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
             if f in flags]
     return f"{name} ({', '.join(sets)})" if name else "unknown CPU"

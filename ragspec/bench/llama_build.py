@@ -42,18 +42,30 @@ FEATURE_FLAGS = {
 }
 
 
-def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str] | None:
-    """The flags of the first processor in `cpuinfo`, or None where there is no such file
-    (macOS, Windows) or it lists no x86 flags (ARM says "Features")."""
+def _first(cpuinfo: Path, field: str) -> str | None:
+    """The value of `field` for the first processor in `cpuinfo`; None where there is no such
+    file (macOS, Windows) or no such field."""
     try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
         return None
     for line in text.splitlines():
         key, sep, value = line.partition(":")
-        if sep and key.strip() == "flags":
-            return set(value.split())
+        if sep and key.strip() == field:
+            return value.strip()
     return None
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str] | None:
+    """The flags of the first processor in `cpuinfo`, or None where there is no such file
+    (macOS, Windows) or it lists no x86 flags (ARM says "Features")."""
+    flags = _first(cpuinfo, "flags")
+    return None if flags is None else set(flags.split())
+
+
+def cpu_name(cpuinfo: Path = CPUINFO) -> str | None:
+    """The first processor's model name in `cpuinfo` (None where it says none)."""
+    return _first(cpuinfo, "model name")
 
 
 def cmake_args(flags: set[str] | None) -> list[str]:
