@@ -93,13 +93,18 @@ def config(name: str):
     return cfg
 
 
-def parameters(name: str) -> int:
-    """Parameters of the shape (embedding and, when untied, LM head included)."""
-    from ragspec.decoding.packing import meta_model_from_config
+def multiply_accumulates(name: str) -> int:
+    """Multiply-accumulates per token in the shape's linear layers and LM head (a tied head
+    multiplies the embedding): the arithmetic of a forward, attention aside."""
+    from ragspec.decoding.packing import meta_model_from_config, targets
 
     model = meta_model_from_config(config(name))
-    seen = {id(p): p.numel() for p in model.parameters()}
-    return sum(seen.values())
+    kinds = targets(model)
+    macs = sum(p.numel() for n, p in model.named_parameters()
+               if kinds.get(n) in ("linear", "conv1d"))
+    if model.get_output_embeddings() is not None and "lm_head.weight" not in dict(model.named_parameters()):
+        macs += model.get_input_embeddings().weight.numel()
+    return macs
 
 
 # -- which format each tensor gets ----------------------------------------------------------------

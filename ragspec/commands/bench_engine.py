@@ -97,17 +97,11 @@ def bench_engine(shape_names, mixes, engines, context, max_tokens, rounds, folde
 
 def _one(eng, shapes, name, mix, where, engine_list, context, max_tokens, rounds, threads,
          limits) -> dict:
-    from ragspec.decoding.packing import meta_model_from_config, targets
-
     path = where / f"{name}-{mix}.gguf"
     if not path.is_file():
         click.echo(f"Writing {path.name}...", err=True)
         shapes.write_gguf(name, mix, path)
-    meta = meta_model_from_config(shapes.config(name))
-    kinds = targets(meta)
-    macs = sum(p.numel() for n, p in meta.named_parameters() if kinds.get(n) in ("linear", "conv1d"))
-    if meta.get_output_embeddings() is not None and "lm_head.weight" not in dict(meta.named_parameters()):
-        macs += meta.get_input_embeddings().weight.numel()  # a tied head multiplies the embedding
+    macs = shapes.multiply_accumulates(name)
     entry = {"shape": name, "mix": mix, "file_mb": path.stat().st_size / 1e6, "macs": macs}
     for engine in engine_list:
         click.echo(f"{engine} on {path.name}...", err=True)
