@@ -4,12 +4,12 @@ HashEmbedder (tests/fakes.py)."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from dataclasses import dataclass
 
 import uvicorn
+from servers import free_port
 
 from ragspec.decoding.engine import Generator
 from ragspec.decoding.scheduler import Scheduler
@@ -20,12 +20,6 @@ from ragspec.serve.app import create_app
 DOC = ("The metrics endpoint of the daemon listens on port 7432 and serves metrics only. "
        "Error E204 means that the queue is full and the request should be sent again later.\n\n"
        "Backups run every night at two and keep fourteen days of history on the spare disk.\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

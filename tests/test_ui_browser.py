@@ -23,7 +23,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ui_support import free_port, wait_healthy
+from servers import free_port
+from ui_support import wait_healthy
 
 from ragspec.commands.ui import streamlit_argv, streamlit_env
 from tests.conftest import MODEL_CACHE, make_char_tokenizer, make_tiny_model

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from ui_support import free_port, wait_healthy
+from servers import free_port
+from ui_support import wait_healthy
 
 from ragspec.cli import main
 from ragspec.commands.ui import streamlit_argv, streamlit_env

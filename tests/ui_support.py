@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import socket
 import subprocess
 import time
 import urllib.request
@@ -184,12 +183,6 @@ def live_markup(text: str) -> list[str]:
 
 
 # -- a real server ------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
