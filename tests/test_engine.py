@@ -333,3 +333,30 @@ def test_drafts_accepted_after_eos_are_not_counted(tiny_model, tiny_tokenizer):
     assert s.accepted_tokens == kept == cut
     assert s.accepted_lengths == {cut: 1} and s.accepted_per_step == [cut]
     assert s.new_tokens == len(result.token_ids) == cut + 1
+
+
+def test_speed_figures_match_a_clock_outside_the_engine(tiny_model, tiny_tokenizer, monkeypatch):
+    """The prefill is counted once: seconds, decode_seconds and tokens/s agree with the wall
+    clock of consuming the stream (a slow prefill made decode_seconds include it too)."""
+    import time
+
+    from ragspec.decoding import engine
+
+    real_forward = engine.forward
+    prefill_pause = 0.25
+
+    def slow_prefill(model, ids, cache, logits_to_keep=0):
+        if logits_to_keep == 1:  # only the prefill keeps one row of logits
+            time.sleep(prefill_pause)
+        return real_forward(model, ids, cache, logits_to_keep)
+
+    monkeypatch.setattr(engine, "forward", slow_prefill)
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[-1])
+    started = time.perf_counter()
+    result = gen.generate([9, 10, 11, 12, 13] * 6, GenerationConfig(max_new_tokens=24))
+    wall = time.perf_counter() - started
+    s = result.stats
+    assert s.prefill_seconds >= prefill_pause
+    assert s.decode_seconds < prefill_pause, "the prefill was counted in the decode time"
+    assert abs(s.seconds - wall) <= 0.02 * wall + 0.005
+    assert s.tokens_per_s == pytest.approx(s.new_tokens / wall, rel=0.02, abs=0.5)

@@ -244,12 +244,14 @@ class GenerationStream:
         stats = self.stats
         clock = time.perf_counter()
         step = self._prefill()
-        stats.prefill_seconds = stats.ttft_seconds = time.perf_counter() - clock
-        busy = stats.prefill_seconds  # engine time; what the consumer does between spans is not
+        now = time.perf_counter()
+        stats.prefill_seconds = stats.ttft_seconds = now - clock
+        # engine time after the prefill; what the consumer does between spans is not counted
+        busy, clock = 0.0, now
         while True:
             spans, done = self._commit(step)
             busy += time.perf_counter() - clock
-            stats.decode_seconds = busy - stats.prefill_seconds
+            stats.decode_seconds = busy
             yield from spans
             if done:
                 self.gen.review_cost()
