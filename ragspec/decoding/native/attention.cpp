@@ -14,6 +14,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define RS_AVX2 1
@@ -104,9 +106,9 @@ static inline __m256 dot8(const float* q, const float* k, int64_t stride, int64_
 #endif
 
 // One query row against keys lo..hi: scores -> probabilities -> weighted sum of values.
-static void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
-                       int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
-                       std::vector<float>& s) {
+void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
+                int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
+                std::vector<float>& s) {
   const int64_t n = hi - lo + 1;
   s.resize(n);
   int64_t j = 0;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "formats.h"
+#include "kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -35,11 +36,8 @@ namespace rs {
 
 // ---- activations: rows of x as int8 groups ------------------------------------------------
 
-struct QRows {
-  std::vector<int8_t> q;     // (M, K)
-  std::vector<float> d;      // (M, K/32): the group's scale
-  std::vector<float> dsum;   // (M, K/32): d · Σq over the group (for weight offsets)
-};
+// Activations (kernels.h) hold the rows of x as int8 groups for quantised formats.
+using QRows = Activations;
 
 static void quantise_row(const float* x, int64_t k, int8_t* q, float* d, float* dsum) {
   for (int64_t g = 0; g < k / 32; ++g) {
@@ -59,24 +57,39 @@ static void quantise_row(const float* x, int64_t k, int8_t* q, float* d, float* 
   }
 }
 
-static QRows quantise_rows(const float* x, int64_t m, int64_t k) {
-  QRows r;
+void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& r) {
+  r.fmt = fmt;
+  r.m = m;
+  r.k = k;
+  r.x = x;
+  if (!is_quantised(fmt)) return;
+  r.q.resize(m * k);
+  r.d.resize(m * (k / 32));
+  r.dsum.resize(m * (k / 32));
+  for (int64_t i = 0; i < m; ++i)
+    quantise_row(x + i * k, k, r.q.data() + i * k, r.d.data() + i * (k / 32), r.dsum.data() + i * (k / 32));
+}
+
+// Rows quantised in parallel (the torch op's path; one row's bytes never depend on another's).
+static void quantise_rows(const float* x, int64_t m, int64_t k, int fmt, Activations& r) {
+  r.fmt = fmt;
+  r.m = m;
+  r.k = k;
+  r.x = x;
   r.q.resize(m * k);
   r.d.resize(m * (k / 32));
   r.dsum.resize(m * (k / 32));
   at::parallel_for(0, m, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i)
-      quantise_row(x + i * k, k, r.q.data() + i * k, r.d.data() + i * (k / 32),
-                   r.dsum.data() + i * (k / 32));
+      quantise_row(x + i * k, k, r.q.data() + i * k, r.d.data() + i * (k / 32), r.dsum.data() + i * (k / 32));
   });
-  return r;
 }
 
 // ---- quantised weights × int8 activations --------------------------------------------------
 
 struct QArgs {
   int fmt;
-  int64_t k, n, groups, row_bytes;
+  int64_t k, n, groups, row_bytes;  // n: the row stride of y
   const uint8_t* w;
   const QRows* x;
   float* y;
@@ -520,6 +533,29 @@ static void check_weight(const at::Tensor& w, int64_t fmt, int64_t k) {
 // Columns per parallel task: enough work per task that scheduling costs little.
 static int64_t grain(int64_t k, int64_t m) { return std::max<int64_t>(4, (1 << 16) / std::max<int64_t>(1, k * m / 8)); }
 
+int64_t column_grain(const WeightView& w, int64_t m) { return grain(w.k, m); }
+
+void matmul_columns(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const int64_t m = x.m, k = w.k;
+  if (m == 0 || n1 <= n0) return;
+  if (is_quantised(w.fmt)) {
+    const QArgs a{w.fmt, k, ldy, k / 32, w.row_bytes, w.data, &x, y};
+    switch (w.fmt) {
+      case Q4_0: qcolumns<Q4_0>(a, n0, n1, m); break;
+      case Q4_1: qcolumns<Q4_1>(a, n0, n1, m); break;
+      case Q5_0: qcolumns<Q5_0>(a, n0, n1, m); break;
+      case Q5_1: qcolumns<Q5_1>(a, n0, n1, m); break;
+      case Q8_0: qcolumns<Q8_0>(a, n0, n1, m); break;
+      case Q4_K: qcolumns<Q4_K>(a, n0, n1, m); break;
+      case Q5_K: qcolumns<Q5_K>(a, n0, n1, m); break;
+      default: qcolumns<Q6_K>(a, n0, n1, m); break;
+    }
+  } else {
+    const FArgs a{w.fmt, k, ldy, w.row_bytes, w.data, x.x, y};
+    fcolumns(a, n0, n1, m);
+  }
+}
+
 at::Tensor qmatmul(const at::Tensor& x_in, const at::Tensor& w, int64_t fmt, int64_t k) {
   check_weight(w, fmt, k);
   TORCH_CHECK(x_in.size(-1) == k, "input has ", x_in.size(-1), " features, the weight ", k);
@@ -527,25 +563,16 @@ at::Tensor qmatmul(const at::Tensor& x_in, const at::Tensor& w, int64_t fmt, int
   const int64_t m = x.size(0), n = w.size(0);
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
+  const WeightView view{w.data_ptr<uint8_t>(), int(fmt), n, k, w.size(1)};
+  Activations rows;
   if (is_quantised(int(fmt))) {
-    const QRows rows = quantise_rows(x.data_ptr<float>(), m, k);
-    const QArgs a{int(fmt), k, n, k / 32, w.size(1), w.data_ptr<uint8_t>(), &rows, y.data_ptr<float>()};
-    at::parallel_for(0, n, grain(k, m), [&](int64_t lo, int64_t hi) {
-      switch (fmt) {
-        case Q4_0: qcolumns<Q4_0>(a, lo, hi, m); break;
-        case Q4_1: qcolumns<Q4_1>(a, lo, hi, m); break;
-        case Q5_0: qcolumns<Q5_0>(a, lo, hi, m); break;
-        case Q5_1: qcolumns<Q5_1>(a, lo, hi, m); break;
-        case Q8_0: qcolumns<Q8_0>(a, lo, hi, m); break;
-        case Q4_K: qcolumns<Q4_K>(a, lo, hi, m); break;
-        case Q5_K: qcolumns<Q5_K>(a, lo, hi, m); break;
-        default: qcolumns<Q6_K>(a, lo, hi, m); break;
-      }
-    });
+    quantise_rows(x.data_ptr<float>(), m, k, int(fmt), rows);
   } else {
-    const FArgs a{int(fmt), k, n, w.size(1), w.data_ptr<uint8_t>(), x.data_ptr<float>(), y.data_ptr<float>()};
-    at::parallel_for(0, n, grain(k, m), [&](int64_t lo, int64_t hi) { fcolumns(a, lo, hi, m); });
+    prepare(x.data_ptr<float>(), m, k, int(fmt), rows);
   }
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n, column_grain(view, m),
+                   [&](int64_t lo, int64_t hi) { matmul_columns(rows, view, lo, hi, yp, n); });
   auto shape = x_in.sizes().vec();
   shape.back() = n;
   return y.view(shape);
@@ -631,7 +658,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Te
   TORCH_CHECK(k % 32 == 0, "features must be a multiple of 32");
   const at::Tensor x = x_in.reshape({-1, k}).to(at::kFloat).contiguous();
   const int64_t m = x.size(0);
-  const QRows r = quantise_rows(x.data_ptr<float>(), m, k);
+  Activations r;
+  quantise_rows(x.data_ptr<float>(), m, k, Q8_0, r);
   at::Tensor q = at::empty({m, k}, at::TensorOptions().dtype(at::kChar));
   at::Tensor d = at::empty({m, k / 32}, x.options()), s = at::empty({m, k / 32}, x.options());
   std::memcpy(q.data_ptr<int8_t>(), r.q.data(), r.q.size());

@@ -1,0 +1,52 @@
+// The C++ interface of ragspec's kernels, for code that calls them without going through torch
+// (a whole decode step in one native call): products with packed weights and row attention.
+//
+// Contract: every function here is row-invariant (a row's result never depends on the other
+// rows passed with it) and single-threaded; callers split the work between threads themselves
+// (by columns for products, by rows and heads for attention), which keeps each output element
+// the work of one thread whatever the split. `prepare` turns activations into the form a weight
+// format multiplies (int8 groups for quantised formats, fp32 for plain ones); several weights of
+// one format can share one prepared input (q, k and v of a layer).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace rs {
+
+// n rows (output features) of k values (input features) in format `fmt` (formats.h), row_bytes each.
+struct WeightView {
+  const uint8_t* data = nullptr;
+  int fmt = 0;
+  int64_t n = 0, k = 0, row_bytes = 0;
+};
+
+// m rows of k activations, prepared for the weight format `fmt`.
+struct Activations {
+  int fmt = 0;
+  int64_t m = 0, k = 0;
+  const float* x = nullptr;  // the fp32 rows (m, k), used directly by plain formats
+  std::vector<int8_t> q;     // quantised formats: (m, k) int8
+  std::vector<float> d;      // (m, k/32) scale of each group of 32
+  std::vector<float> dsum;   // (m, k/32) d · Σq of each group (for weight offsets)
+};
+
+// Prepares x (m, k), row-major, for weights of format fmt. `x` must outlive `out` (plain
+// formats keep the pointer). Single-threaded.
+void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& out);
+
+// Columns n0 <= c < n1 of y = x · Wᵀ for every prepared row: y[r * ldy + c]. Single-threaded.
+void matmul_columns(const Activations& a, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                    int64_t ldy);
+
+// A column count per task that keeps the cost of handing out work small, for m rows.
+int64_t column_grain(const WeightView& w, int64_t m);
+
+// One query row (d values) against the keys lo..hi of k/v (rows kstride / vstride floats apart):
+// softmax(q · k · scale, soft-capped by `softcap` when > 0) · v into out (d values).
+// `scratch` is reused between calls (resized as needed).
+void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
+                int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
+                std::vector<float>& scratch);
+
+}  // namespace rs
