@@ -9,6 +9,8 @@
 // one format can share one prepared input (q, k and v of a layer).
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -20,6 +22,11 @@ struct WeightView {
   int fmt = 0;
   int64_t n = 0, k = 0, row_bytes = 0;
 };
+
+// The view of a packed weight tensor as Python holds it (PackedWeight.data, .code, .in_features);
+// checks the tensor's type and shape (a TORCH_CHECK error otherwise). Code that is handed packed
+// weights builds its views with this, so a change of layout stays inside the kernels.
+WeightView weight_view(const at::Tensor& data, int64_t fmt, int64_t k);
 
 // m rows of k activations, prepared for the weight format `fmt`.
 struct Activations {

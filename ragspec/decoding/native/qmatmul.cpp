@@ -535,6 +535,11 @@ static int64_t grain(int64_t k, int64_t m) { return std::max<int64_t>(4, (1 << 1
 
 int64_t column_grain(const WeightView& w, int64_t m) { return grain(w.k, m); }
 
+WeightView weight_view(const at::Tensor& w, int64_t fmt, int64_t k) {
+  check_weight(w, fmt, k);
+  return WeightView{w.data_ptr<uint8_t>(), int(fmt), w.size(0), k, w.size(1)};
+}
+
 void matmul_columns(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const int64_t m = x.m, k = w.k;
   if (m == 0 || n1 <= n0) return;
@@ -557,13 +562,12 @@ void matmul_columns(const Activations& x, const WeightView& w, int64_t n0, int64
 }
 
 at::Tensor qmatmul(const at::Tensor& x_in, const at::Tensor& w, int64_t fmt, int64_t k) {
-  check_weight(w, fmt, k);
+  const WeightView view = weight_view(w, fmt, k);
   TORCH_CHECK(x_in.size(-1) == k, "input has ", x_in.size(-1), " features, the weight ", k);
   const at::Tensor x = x_in.reshape({-1, k}).to(at::kFloat).contiguous();
-  const int64_t m = x.size(0), n = w.size(0);
+  const int64_t m = x.size(0), n = view.n;
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
-  const WeightView view{w.data_ptr<uint8_t>(), int(fmt), n, k, w.size(1)};
   Activations rows;
   if (is_quantised(int(fmt))) {
     quantise_rows(x.data_ptr<float>(), m, k, int(fmt), rows);
