@@ -11,8 +11,8 @@ the files at hand with the anchors `make bench-anchors` built:
         [--probe]
 
 Each file is measured as it is and re-quantised to each --to format (mainline llama.cpp's own
-llama-quantize, `--allow-requantize`; `--to none` re-quantises nothing; --keep DIR keeps the
-re-quantised files, e.g. for `ragspec bench --model`). For every file and engine: llama-bench
+llama-quantize, else ik_llama.cpp's, `--allow-requantize`; `--to none` re-quantises nothing;
+--keep DIR keeps the re-quantised files, e.g. for `ragspec bench --model`). For every file and engine: llama-bench
 `-t THREADS -p PROMPT -n GENERATE` (with `-rtr 1` for ik_llama.cpp), its own pp/tg tokens/s;
 with --probe also bench-engine's measurement through anchor-probe (prefill of 800 tokens, c(1),
 c(2), c(4), c(8) in ms). Each engine's build line (flags, instruction sets) is recorded. Prints
@@ -32,9 +32,13 @@ FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
 
 
 def requantize(src: Path, dst: Path, to: str, threads: int) -> None:
-    from ragspec.bench.native_anchors import manifest_of
+    from ragspec.bench import anchor_build
 
-    quantize = Path(manifest_of("llama.cpp")["bin"]) / "llama-quantize"
+    # mainline's quantiser where it is built, else ik_llama.cpp's (the same standard formats)
+    manifest = anchor_build.load("llama.cpp") or anchor_build.load("ik_llama.cpp")
+    if manifest is None:
+        raise SystemExit("no llama-quantize: `make bench-anchors`")
+    quantize = Path(manifest["bin"]) / "llama-quantize"
     proc = subprocess.run([str(quantize), "--allow-requantize", str(src), str(dst), to,
                            str(threads)], capture_output=True, text=True)
     if proc.returncode:

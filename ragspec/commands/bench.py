@@ -45,7 +45,8 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1),
               help="New tokens per answer (every method stops there or at EOS).")
 @click.option("--model", default=None, metavar="M",
-              help="Model folder or Hugging Face id in the local cache (default: bundled).")
+              help="Model folder, .gguf file or Hugging Face id in the local cache (default: "
+                   "bundled).")
 @limit_option
 @click.option("--index", default=None, metavar="INDEX",
               help="Reuse this index (a folder, milvus:PATH.db or "
