@@ -329,3 +329,14 @@ def test_the_real_probe_and_llama_bench_measure_a_file(engine, bundled_gguf, mon
     assert got["rss_mb"] > 10 and "AVX" in got["system_info"] or "NEON" in got["system_info"]
     bench = native_anchors.llama_bench(engine, bundled_gguf, 2, prompt=32, generate=4)
     assert bench["pp32"]["tokens_per_s"] > 0 and bench["tg4"]["tokens_per_s"] > 0
+
+
+def test_the_bench_times_a_server_answer_to_its_end_not_to_the_end_of_the_stream(
+        fake_servers, tiny_gen, one_thread):
+    servers, _ = fake_servers
+    runner = core.Runner(tiny_gen, servers=servers, methods=["llama_server"])
+    # the tiny model's end of text is token 2: the answer ends at the third token written
+    run = runner.run("llama_server", [5, 6, 2, 7], 40)
+    assert run.token_ids == [5, 6, 2]
+    assert run.seconds < run.anchor["stream_seconds"] - 0.02  # 37 more tokens were written after
+    assert run.anchor["written_tokens"] == 40
