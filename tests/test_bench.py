@@ -17,10 +17,11 @@ from ragspec.commands import bench as bench_cmd
 
 RESULT_FIELDS = {"new_tokens", "seconds", "ttft_seconds", "tokens_per_s", "decode_tokens_per_s",
                  "forward_passes", "drafted_tokens", "accepted_tokens", "identical_to_greedy",
-                 "stop_reason"}
+                 "stop_reason", "decode_seconds"}
 SUMMARY_FIELDS = {"median_speedup", "min_speedup", "median_decode_speedup", "median_tokens_per_s",
                   "median_ttft_seconds", "accept_rate", "mean_accepted_length", "all_identical",
-                  "median_speedup_non_looping", "min_speedup_non_looping"}
+                  "median_speedup_non_looping", "min_speedup_non_looping",
+                  "median_decode_ms_per_token"}
 MAX_NEW = 16
 
 PROMPTS = [
@@ -62,6 +63,8 @@ def test_results_json_has_the_issue_schema(results):
             assert RESULT_FIELDS <= set(r), method
             assert 1 <= r["new_tokens"] <= MAX_NEW
             assert 0 < r["ttft_seconds"] <= r["seconds"]
+            # the first token and the decode phase after it, apart
+            assert r["decode_seconds"] == pytest.approx(r["seconds"] - r["ttft_seconds"])
             assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"])
         # what a transformers method cannot report is null, not a made-up number
         assert q["results"]["hf_greedy"]["forward_passes"] is None
@@ -265,9 +268,10 @@ def cli_env(tmp_path, monkeypatch, tiny_gen, prepared):
     calls = {}
 
     def fake_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None,
-                   weights="auto", methods=None):
+                   weights="auto", methods=None, llama_server=None):
         calls.update(model=model, corpus=corpus, index=index, max_new_tokens=max_new_tokens,
-                     ids=[q.id for q in questions], llamacpp=llamacpp, weights=weights)
+                     ids=[q.id for q in questions], llamacpp=llamacpp, weights=weights,
+                     llama_server=llama_server)
         return core.Setup("tiny", "cpu", tiny_gen, prepared[: len(questions)])
 
     monkeypatch.setattr(bench_cmd, "build_setup", fake_setup)

@@ -1,5 +1,5 @@
 """llama.cpp's build flags come from the CPU that builds it: native, with ggml's AMX kernels
-compiled out only where /proc/cpuinfo reports AMX; and the check after the build catches a
+compiled out where /proc/cpuinfo reports AMX that a process here cannot use; and the check after the build catches a
 library compiled for instruction sets this CPU lacks (e.g. a wheel from another machine)."""
 
 from __future__ import annotations
@@ -10,25 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from cpuinfo_fixtures import CPUS, cpuinfo
 
 from ragspec.bench import llama_build
 
 REPO = Path(__file__).resolve().parent.parent
-BASE = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx "
-        "fxsr sse sse2 ht syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good nopl "
-        "nonstop_tsc cpuid pni pclmulqdq ssse3 fma cx16 sse4_1 sse4_2 x2apic movbe popcnt aes "
-        "xsave avx f16c rdrand hypervisor lahf_lm cmp_legacy abm sse4a misalignsse "
-        "3dnowprefetch bmi1 avx2 smep bmi2 rdseed adx smap clflushopt clwb sha_ni xsaveopt")
-CPUS = {
-    # an AMD EPYC of the Zen 2/3 kind: AVX2, no AVX-512
-    "epyc-avx2": BASE,
-    # an AMD EPYC of the Zen 4 kind: AVX-512, no AMX
-    "epyc-avx512": BASE + " avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 "
-                          "avx512vbmi avx512_vbmi2 avx512_vnni avx512_bitalg avx_vnni",
-    # an Intel Xeon of the Sapphire Rapids kind, as a virtual machine reports it: AMX too
-    "xeon-amx": BASE + " avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi "
-                       "avx512_vnni avx_vnni amx_bf16 amx_tile amx_int8",
-}
 # what llama_print_system_info() says for a native build on each (the Zen 4 line is this
 # machine's, verbatim)
 SYSTEM_INFO = {
@@ -40,27 +26,65 @@ SYSTEM_INFO = {
 }
 
 
-def cpuinfo(tmp_path: Path, cpu: str) -> Path:
-    path = tmp_path / f"{cpu}.cpuinfo"
-    cores = [f"processor\t: {n}\nvendor_id\t: x\nflags\t\t: {CPUS[cpu]}\n" for n in range(2)]
-    path.write_text("\n".join(cores))
-    return path
-
-
 @pytest.mark.parametrize("cpu", ["epyc-avx2", "epyc-avx512"])
 def test_a_cpu_without_amx_gets_the_plain_native_build(tmp_path, cpu):
     flags = llama_build.cpu_flags(cpuinfo(tmp_path, cpu))
     assert llama_build.cmake_args(flags) == ["-DGGML_NATIVE=ON"]
 
 
-def test_a_cpu_that_reports_amx_gets_native_without_the_amx_kernels(tmp_path):
-    args = llama_build.cmake_args(llama_build.cpu_flags(cpuinfo(tmp_path, "xeon-amx")))
+@pytest.mark.parametrize("amx_works", [False, None])  # tried and failed; could not be tried
+def test_a_cpu_whose_amx_is_not_usable_gets_native_without_the_amx_kernels(tmp_path, amx_works):
+    args = llama_build.cmake_args(llama_build.cpu_flags(cpuinfo(tmp_path, "xeon-amx")),
+                                  amx_works)
     assert args[0] == "-DGGML_NATIVE=ON"
     for lang in ("C", "CXX"):
         flag = next(a for a in args if a.startswith(f"-DCMAKE_{lang}_FLAGS="))
         assert set(flag.split("=", 1)[1].split()) == {"-mno-amx-tile", "-mno-amx-int8",
                                                       "-mno-amx-bf16"}
     assert not any("AVX512" in a for a in args)  # nothing forced on: native decides
+
+
+def test_a_cpu_whose_amx_works_keeps_ggmls_amx_kernels(tmp_path):
+    flags = llama_build.cpu_flags(cpuinfo(tmp_path, "xeon-amx"))
+    assert llama_build.cmake_args(flags, amx_works=True) == ["-DGGML_NATIVE=ON"]
+
+
+def test_the_flags_command_keeps_amx_out_unless_told_and_probes_only_where_reported(tmp_path, monkeypatch,
+                                                                   capsys):
+    tried = []
+    monkeypatch.setattr(llama_build, "amx_usable", lambda: tried.append(1) or True)
+    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "epyc-avx512")),
+                             "--amx", "probe"]) == 0
+    assert not tried
+    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "xeon-amx")),
+                             "--amx", "probe"]) == 0
+    assert tried == [1]
+    assert capsys.readouterr().out.split("\n")[1] == "-DGGML_NATIVE=ON"  # AMX kept: it works
+    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "xeon-amx"))]) == 0
+    assert tried == [1] and "-mno-amx-int8" in capsys.readouterr().out  # the default: no
+
+
+def _fake_cc(tmp_path: Path, program: str | None) -> str:
+    """A 'compiler' that writes `program` (a shell script) as its output, or fails (None)."""
+    cc = tmp_path / "cc"
+    if program is None:
+        cc.write_text("#!/bin/sh\necho 'unknown option -mamx-tile' >&2\nexit 1\n")
+    else:
+        cc.write_text("#!/bin/sh\nwhile [ \"$1\" != -o ]; do shift; done\n"
+                      f"printf '#!/bin/sh\\n{program}\\n' > \"$2\"; chmod +x \"$2\"\n")
+    cc.chmod(0o755)
+    return str(cc)
+
+
+@pytest.mark.parametrize("program, verdict", [
+    ("exit 0", True),
+    ("exit 3", False),          # the kernel refused the tile state
+    ("kill -ILL $$", False),    # the tile instructions trapped
+    (None, None),               # no compiler that knows AMX: not tried
+])
+def test_the_amx_probe_says_what_running_an_amx_program_here_did(tmp_path, program, verdict):
+    assert llama_build.amx_usable(_fake_cc(tmp_path, program)) is verdict
+    assert llama_build.amx_usable(str(tmp_path / "no-such-cc")) is None
 
 
 def test_no_cpuinfo_or_no_x86_flags_is_a_plain_native_build(tmp_path):
@@ -72,22 +96,30 @@ def test_no_cpuinfo_or_no_x86_flags_is_a_plain_native_build(tmp_path):
 
 
 def test_the_flags_command_prints_what_scikit_build_core_splits_back(tmp_path, capsys):
-    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "xeon-amx"))]) == 0
+    assert llama_build.main(["flags", "--cpuinfo", str(cpuinfo(tmp_path, "xeon-amx")),
+                             "--amx", "no"]) == 0
     printed = capsys.readouterr().out.strip()
     # scikit-build-core splits CMAKE_ARGS with shlex
-    assert shlex.split(printed) == llama_build.cmake_args(set(CPUS["xeon-amx"].split()))
+    assert shlex.split(printed) == llama_build.cmake_args(set(CPUS["xeon-amx"].split()), False)
 
 
 def test_make_bench_anchors_uses_the_flags_for_this_cpu(tmp_path):
     """The Makefile's default, for a CPU given by its cpuinfo (make -n: nothing runs)."""
-    for cpu, amx in [("epyc-avx2", False), ("xeon-amx", True)]:
+    for cpu, usable, amx_out in [("epyc-avx2", "no", False), ("xeon-amx", "no", True),
+                                 ("xeon-amx", "yes", False)]:
         out = subprocess.run(
             ["make", "-n", "-s", "bench-anchors", f"PY={sys.executable}", "STAMP=",
-             f"LLAMA_CPUINFO={cpuinfo(tmp_path, cpu)}"],
+             f"LLAMA_CPUINFO={cpuinfo(tmp_path, cpu)}", f"LLAMA_AMX={usable}"],
             cwd=REPO, capture_output=True, text=True, check=True).stdout
         install = next(line for line in out.splitlines() if "pip install" in line)
         assert "-DGGML_NATIVE=ON" in install and "GGML_AVX512" not in install
-        assert ("-mno-amx-int8" in install) is amx
+        assert ("-mno-amx-int8" in install) is amx_out
+        # the native anchors are built for the same CPU, with the same AMX verdict
+        for anchor in ("llama.cpp", "ik_llama.cpp"):
+            build = next(line for line in out.splitlines()
+                         if "anchor_build build" in line and anchor in line.split())
+            assert f"--cpuinfo {cpuinfo(tmp_path, cpu)}" in build
+            assert f"--amx {usable}" in build
 
 
 @pytest.mark.parametrize("built, cpu, missing", [
@@ -103,9 +135,12 @@ def test_the_check_names_instruction_sets_the_cpu_lacks(built, cpu, missing):
     assert llama_build.missing_on_cpu(features, set(CPUS[cpu].split())) == missing
 
 
-def test_the_check_refuses_amx_kernels_even_on_a_cpu_that_reports_amx():
+def test_the_check_refuses_amx_kernels_unless_amx_was_found_usable():
     features = llama_build.compiled_features(SYSTEM_INFO["epyc-avx512"] + "AMX_INT8 = 1 | ")
-    assert llama_build.missing_on_cpu(features, set(CPUS["xeon-amx"].split())) == ["AMX_INT8"]
+    xeon = set(CPUS["xeon-amx"].split())
+    assert llama_build.missing_on_cpu(features, xeon) == ["AMX_INT8"]  # not tried
+    assert llama_build.missing_on_cpu(features, xeon, amx_works=False) == ["AMX_INT8"]
+    assert llama_build.missing_on_cpu(features, xeon, amx_works=True) == []
 
 
 @pytest.mark.parametrize("cpu, code", [("epyc-avx512", 0), ("epyc-avx2", 1)])

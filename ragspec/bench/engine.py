@@ -1,5 +1,10 @@
 """The engine benchmark behind `ragspec bench-engine`: this machine's limits, and what a forward
-costs ragspec and llama.cpp on the same GGUF files at real model shapes.
+costs ragspec and the llama.cpp family on the same GGUF files at real model shapes.
+
+Engines: ragspec (packed weights, its kernels), llamacpp (llama-cpp-python, when installed), and
+the native builds of `make bench-anchors`: llama.cpp (mainline) and ik_llama.cpp (run-time
+repacking on), measured through their anchor-probe (ragspec.bench.native_anchors) with the same
+definitions of prefill, c(k) and memory.
 
 Contract: `machine_limits()` measures memory bandwidth (reading a 1 GiB buffer; copying one) and
 peak fp32 GEMM FLOP/s, with one thread and with every core. `measure_file(...)` runs one engine
@@ -27,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-ENGINES = ("ragspec", "llamacpp")
+ENGINES = ("ragspec", "llama.cpp", "ik_llama.cpp", "llamacpp")
 
 
 def _best(fn, repeats: int) -> float:
@@ -84,6 +89,10 @@ def measure_file(engine: str, gguf: Path, shape: str, mix: str, context: int, ma
     """See the module docstring; raises RuntimeError with the child's last words on failure."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+    from ragspec.bench import native_anchors
+
+    if engine in native_anchors.NATIVE_ENGINES:  # a native process of its own already
+        return native_anchors.measure(engine, gguf, context, max_tokens, rounds, threads)
     args = json.dumps({"engine": engine, "gguf": str(gguf), "shape": shape, "mix": mix,
                        "context": context,
                        "max_tokens": max_tokens, "rounds": rounds, "threads": threads})

@@ -16,12 +16,17 @@ Methods (all greedy, all capped at max_new_tokens):
     oracle     the engine drafting the true greedy continuation (greedy's output), max_draft at a
                time: the ceiling for any drafter on this machine;
     llamacpp, llamacpp_pld  llama.cpp on the same GGUF file when llama_cpp is installed
-               (ragspec.bench.llamacpp).
+               (ragspec.bench.llamacpp);
+    llama_server, llama_server_ngram_*  mainline llama-server (a native build) on the same GGUF
+               file and prompt ids, greedy and with each of its draft-free n-gram modes
+               (ragspec.bench.llamaserver), timed on the client's clock.
 
 identical_to_greedy compares token ids with greedy's output; for greedy itself it compares with
 model.generate on the engine's own model object (hf_greedy's output when that runs the same
-weights; else an untimed model.generate on the packed model), for llamacpp_pld with llamacpp's;
-llamacpp's own is not compared (null).
+weights; else an untimed model.generate on the packed model), for llamacpp_pld with llamacpp's, for each llama-server
+n-gram mode with llama_server's; llamacpp's and llama_server's own are not compared (null).
+Every entry splits its time into the first token (prefill and one step: `ttft_seconds`) and
+the decode phase after it (`decode_seconds`), so a ratio can be traced to one or the other.
 
 Every method ends an answer by the same repetition stop rule the product uses (`repeat`, by
 default ragspec.pipeline.ANSWER_REPEAT): the engine methods in the engine, the transformers
@@ -44,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ragspec.bench.llamacpp import LLAMACPP_METHODS
+from ragspec.bench.llamaserver import NGRAM_METHODS, SERVER_METHODS
 from ragspec.bench.questions import KINDS, BenchInputError, Prepared, Question, load_questions
 from ragspec.decoding.repetition import RepetitionGuard, max_repeats, stop_point
 from ragspec.decoding.types import DraftConfig, GenerationConfig, RepeatConfig
@@ -52,10 +58,12 @@ METHODS = ("greedy", "ragspec", "hf_greedy", "hf_pld", "oracle")
 # speedups are over each method's own plain decoding
 BASELINE = {"greedy": "greedy", "ragspec": "greedy", "oracle": "greedy",
             "hf_greedy": "greedy", "hf_pld": "hf_greedy",
-            "llamacpp": "llamacpp", "llamacpp_pld": "llamacpp"}
+            "llamacpp": "llamacpp", "llamacpp_pld": "llamacpp",
+            **{m: "llama_server" for m in SERVER_METHODS}}
 # what each method's output is compared with (identical_to_greedy); None: nothing (llama.cpp's
 # kernels quantise activations too, so its greedy text is its own, not the engine's)
-REFERENCE = {"greedy": "hf_greedy", "llamacpp": None, "llamacpp_pld": "llamacpp"}
+REFERENCE = {"greedy": "hf_greedy", "llamacpp": None, "llamacpp_pld": "llamacpp",
+             "llama_server": None, **{m: "llama_server" for m in NGRAM_METHODS}}
 PLD_TOKENS = 10  # transformers' prompt_lookup_num_tokens, as users would set it
 WARMUP_TOKENS = 16
 
@@ -72,6 +80,7 @@ class MethodRun:
     accepted_tokens: int | None = None
     accepted_lengths: dict[int, int] = field(default_factory=dict)
     stop_reason: str | None = None
+    anchor: dict | None = None  # what an external engine said of the run (llama-server's timings)
 
     @property
     def new_tokens(self) -> int:
@@ -79,10 +88,11 @@ class MethodRun:
 
     def to_dict(self, identical: bool | None) -> dict:
         n, after_first = self.new_tokens, self.seconds - self.ttft_seconds
-        return {
+        out = {
             "new_tokens": n,
             "seconds": self.seconds,
             "ttft_seconds": self.ttft_seconds,
+            "decode_seconds": after_first,
             "tokens_per_s": n / self.seconds if self.seconds > 0 else 0.0,
             "decode_tokens_per_s": (n - 1) / after_first if n > 1 and after_first > 0 else 0.0,
             "forward_passes": self.forward_passes,
@@ -92,6 +102,9 @@ class MethodRun:
             "accepted_lengths": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
             "stop_reason": self.stop_reason,
         }
+        if self.anchor is not None:
+            out["anchor"] = self.anchor
+        return out
 
 
 def _first_token_timer(start: float):
@@ -136,8 +149,9 @@ class Runner:
 
     def __init__(self, generator, draft: DraftConfig | None = None, pld_tokens: int = PLD_TOKENS,
                  anchors=None, stock: bool = True, methods: Sequence[str] | None = None,
-                 stock_model=None, repeat: RepeatConfig | None = None):
+                 stock_model=None, repeat: RepeatConfig | None = None, servers=None):
         """anchors: an ragspec.bench.llamacpp.LlamaCppAnchors, to run the llama.cpp methods too.
+        servers: an ragspec.bench.llamaserver.LlamaServers, to run its llama-server methods.
         stock: run hf_greedy/hf_pld as transformers runs the model (fp32, sdpa); False runs
             model.generate on the model exactly as the engine runs it (ragspec's attention and
             4-bit layers): the reference of the engine's greedy identity.
@@ -160,7 +174,9 @@ class Runner:
         self.draft = draft or DraftConfig()
         self.pld_tokens = pld_tokens
         self.anchors = anchors
-        available = METHODS + (LLAMACPP_METHODS if anchors is not None else ())
+        self.servers = servers
+        available = (METHODS + (LLAMACPP_METHODS if anchors is not None else ())
+                     + (tuple(servers.methods) if servers is not None else ()))
         self.methods = available if methods is None else select_methods(methods, available)
 
     def run(self, method: str, prompt_ids: Sequence[int], max_new_tokens: int, *,
@@ -188,6 +204,10 @@ class Runner:
                                                           self.gen.eos_token_ids,
                                                           stop=self._guard())
             return MethodRun(tokens, seconds, ttft)
+        if self.servers is not None and method in self.servers.methods:
+            run = self.servers.generate(method, prompt_ids, max_new_tokens,
+                                        self.gen.eos_token_ids, stop=self._guard())
+            return MethodRun(run.token_ids, run.seconds, run.ttft_seconds, anchor=run.summary())
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(self.methods)}")
 
     def _engine(self, prompt_ids, cfg, sources, forced) -> MethodRun:

@@ -29,19 +29,27 @@ class Setup:
     failures: list[str] = field(default_factory=list)
     anchors: object = None  # ragspec.bench.llamacpp.LlamaCppAnchors, or None
     stock_model: object = None  # the fp32 model hf_greedy runs beside a packed one, or None
+    servers: object = None  # ragspec.bench.llamaserver.LlamaServers (running), or None
+
+    def close(self) -> None:
+        """Stop what the setup started (the llama-server processes)."""
+        if self.servers is not None:
+            self.servers.close()
 
 
 def build_setup(model: str | None, corpus: str, index: str | None,
                 questions: Sequence[Question], max_new_tokens: int,
                 log: Callable[[str], None] = lambda message: None,
                 llamacpp: bool | None = None, weights: str = "auto",
-                methods: Sequence[str] | None = None) -> Setup:
+                methods: Sequence[str] | None = None, llama_server: bool | None = None) -> Setup:
     """Load the model, ingest `corpus` (into a temporary index, or into `index`, where unchanged
     files are skipped) and build every question's prompt with the real pipeline.
 
     llamacpp: run the llama.cpp methods too (None: when llama_cpp is installed and the model
-    came from a GGUF file). Raises ragspec.decoding.model.ModelNotFound and retrieval's RetrievalError;
-    a corpus file or a question that fails is listed in Setup.failures and the rest go on."""
+    came from a GGUF file). llama_server: start llama-server for its methods in `methods` (all
+    of them when None), the same default. Raises ragspec.decoding.model.ModelNotFound and
+    retrieval's RetrievalError; a corpus file or a question that fails is listed in
+    Setup.failures and the rest go on. The caller stops the servers: Setup.close()."""
     from ragspec.loading import describe_device, load_generator, open_store
 
     loaded, generator = load_generator(model, weights=weights)
@@ -55,14 +63,50 @@ def build_setup(model: str | None, corpus: str, index: str | None,
         stock = load_model(model, model_cache_dir(), weights="fp32").model
     # llama.cpp's prompt-lookup context keeps float32 logits for every position it may hold
     # (n_ctx x vocabulary: 0.8 GB at 4096 for SmolLM2), so it gets the room a RAG prompt needs
-    anchors = _open_anchors(model, llamacpp, min(generator.context_length, ANCHOR_CONTEXT), log)
+    n_ctx = min(generator.context_length, ANCHOR_CONTEXT)
+    anchors = _open_anchors(model, llamacpp, n_ctx, log)
     with tempfile.TemporaryDirectory(prefix="ragspec-bench-") as scratch:
         store = open_store(index or scratch)
         log(f"Ingesting {corpus} ...")
         failures = ingest_corpus(store, corpus)
         prepared = prepare_prompts(generator, store, questions, max_new_tokens, failures)
+    servers = _open_servers(model, llama_server, n_ctx, methods, log)
     return Setup(loaded.name, describe_device(loaded), generator, prepared, failures, anchors,
-                 stock)
+                 stock, servers)
+
+
+def _gguf_of(model: str | None) -> Path | None:
+    """The GGUF file the model comes from, or None (a folder or a hub id)."""
+    from ragspec.decoding.model import BUNDLED, bundled_gguf_path
+
+    if model in (None, "", BUNDLED):
+        return bundled_gguf_path()
+    if str(model).lower().endswith(".gguf"):
+        return Path(model).expanduser()
+    return None
+
+
+def _open_servers(model: str | None, wanted: bool | None, n_ctx: int,
+                  methods: Sequence[str] | None, log):
+    from ragspec.bench import anchor_build
+    from ragspec.bench.llamaserver import SERVER_METHODS, LlamaServers
+
+    chosen = [m for m in SERVER_METHODS if methods is None or m in methods
+              or (m == "llama_server" and any(x in SERVER_METHODS for x in methods))]
+    if wanted is False or not chosen:
+        return None
+    manifest = anchor_build.load("llama.cpp")
+    gguf = _gguf_of(model)
+    if manifest is None or gguf is None:
+        if wanted or (methods is not None and any(m in SERVER_METHODS for m in methods)):
+            raise BenchInputError(
+                "llama-server is " + anchor_build.MISSING.format(name="llama.cpp")
+                if manifest is None else f"the llama-server methods need a GGUF file; "
+                                         f"{model} is not one")
+        return None
+    log(f"Starting llama-server ({', '.join(chosen)}) on {gguf}: "
+        + anchor_build.describe(manifest))
+    return LlamaServers.open(gguf, n_ctx, chosen, manifest=manifest)
 
 
 def ingest_corpus(store, corpus: str) -> list[str]:
@@ -79,18 +123,14 @@ def ingest_corpus(store, corpus: str) -> list[str]:
 
 def _open_anchors(model: str | None, wanted: bool | None, n_ctx: int, log):
     from ragspec.bench import llamacpp as bench_llamacpp
-    from ragspec.decoding.model import BUNDLED, bundled_gguf_path
 
     if wanted is False or (wanted is None and not bench_llamacpp.available()):
         return None
     if not bench_llamacpp.available():
         raise BenchInputError("llama_cpp is not installed: `make bench-anchors` installs "
                               "llama-cpp-python (a source build, ~10 minutes)")
-    if model in (None, "", BUNDLED):
-        gguf = bundled_gguf_path()
-    elif str(model).lower().endswith(".gguf"):
-        gguf = Path(model).expanduser()
-    else:
+    gguf = _gguf_of(model)
+    if gguf is None:
         if wanted:
             raise BenchInputError(f"the llama.cpp methods need a GGUF file; {model} is not one")
         return None

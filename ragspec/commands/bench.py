@@ -17,12 +17,13 @@ import click
 from ragspec.bench import runner as core
 from ragspec.bench import summary as summary
 from ragspec.bench.llamacpp import LLAMACPP_METHODS
+from ragspec.bench.llamaserver import SERVER_METHODS
 from ragspec.commands.common import corpus_option, limit_option
 from ragspec.decoding.weights import WEIGHTS
 
 
 def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, weights="auto",
-                methods=None) -> core.Setup:
+                methods=None, llama_server=None) -> core.Setup:
     """ragspec.bench.runner.build_setup with errors as one clear line (tests replace this)."""
     from ragspec.decoding.model import ModelNotFound
     from ragspec.retrieval.errors import RetrievalError
@@ -30,7 +31,8 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
     try:
         return core.build_setup(model, corpus, index, questions, max_new_tokens,
                                 log=lambda message: click.echo(message, err=True),
-                                llamacpp=llamacpp, weights=weights, methods=methods)
+                                llamacpp=llamacpp, weights=weights, methods=methods,
+                                llama_server=llama_server)
     except (ModelNotFound, RetrievalError, core.BenchInputError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -43,7 +45,8 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1),
               help="New tokens per answer (every method stops there or at EOS).")
 @click.option("--model", default=None, metavar="M",
-              help="Model folder or Hugging Face id in the local cache (default: bundled).")
+              help="Model folder, .gguf file or Hugging Face id in the local cache (default: "
+                   "bundled).")
 @limit_option
 @click.option("--index", default=None, metavar="INDEX",
               help="Reuse this index (a folder, milvus:PATH.db or "
@@ -62,6 +65,11 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
               help="Also run llama.cpp on the same GGUF file (llamacpp, llamacpp_pld); default: "
                    "when llama-cpp-python is installed (`make bench-anchors`) and the model "
                    "comes from a GGUF file.")
+@click.option("--llama-server/--no-llama-server", "llama_server", default=None,
+              help="Also run llama-server (mainline llama.cpp, a native build) on the same GGUF "
+                   "file and prompt ids: greedy and each n-gram speculation mode "
+                   f"({', '.join(SERVER_METHODS)}); default: when `make bench-anchors` built it "
+                   "and the model comes from a GGUF file.")
 @click.option("--methods", default=None, metavar="M,M...",
               help="Run only these methods (and their baselines; greedy always). Without a "
                    "method's reference (hf_greedy for greedy) its identity is not checked.")
@@ -71,8 +79,8 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
 def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
           limit: int | None, index: str | None, out: str | None, plot_path: str | None,
-          repeats: int, llamacpp: bool | None, methods: str | None, weights: str,
-          as_json: bool) -> None:
+          repeats: int, llamacpp: bool | None, llama_server: bool | None, methods: str | None,
+          weights: str, as_json: bool) -> None:
     """Benchmark ragspec against greedy decoding, transformers' prompt lookup and an oracle.
 
     Ingests DIR, builds each question's prompt with the real pipeline, then runs on every
@@ -80,7 +88,10 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     hf_greedy (model.generate as transformers runs it: fp32, its own attention), hf_pld
     (model.generate with prompt_lookup_num_tokens=10), oracle (the engine drafting the true
     greedy continuation) and, with llama-cpp-python installed, llamacpp and llamacpp_pld (the
-    same GGUF file). Speedups are tokens/s (prefill included) over each tool's own greedy on the
+    same GGUF file), and with llama-server built, llama_server (greedy) and its n-gram modes
+    (the same file, the same prompt ids, timed on this process's clock; each anchor's build
+    flags are printed). Every question's time is split into the first token and the decode
+    phase after it. Speedups are tokens/s (prefill included) over each tool's own greedy on the
     same question; the ratios compare ragspec with llama.cpp and transformers directly. Every
     method ends an answer where `ragspec ask` would (end of text, the length limit, or the
     answer starting to repeat itself), and every figure is also given over the answers that did
@@ -89,7 +100,7 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     try:
         if chosen is not None:  # unknown names fail before the model loads
-            core.select_methods(chosen, core.METHODS + LLAMACPP_METHODS)
+            core.select_methods(chosen, core.METHODS + LLAMACPP_METHODS + SERVER_METHODS)
     except core.BenchInputError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
@@ -99,20 +110,24 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     if llamacpp is None and chosen is not None and not set(chosen) & set(LLAMACPP_METHODS):
         llamacpp = False  # none of its methods will run: do not load llama.cpp at all
     setup = build_setup(model, corpus, index, questions, max_new_tokens, llamacpp, weights,
-                        chosen)
-    for failure in setup.failures:
-        click.echo(f"warning: {failure}", err=True)
-    if not setup.prepared:
-        raise click.ClickException("no question could be prepared; nothing to benchmark")
+                        chosen, llama_server)
     try:
-        runner = core.Runner(setup.generator, anchors=setup.anchors, methods=chosen,
-                             stock_model=setup.stock_model)
-    except core.BenchInputError as exc:
-        raise click.UsageError(str(exc)) from exc
-    entries = _run_with_progress(runner, setup, max_new_tokens, repeats)
+        for failure in setup.failures:
+            click.echo(f"warning: {failure}", err=True)
+        if not setup.prepared:
+            raise click.ClickException("no question could be prepared; nothing to benchmark")
+        try:
+            runner = core.Runner(setup.generator, anchors=setup.anchors, methods=chosen,
+                                 stock_model=setup.stock_model, servers=setup.servers)
+        except core.BenchInputError as exc:
+            raise click.UsageError(str(exc)) from exc
+        entries = _run_with_progress(runner, setup, max_new_tokens, repeats)
+    finally:
+        setup.close()
     results = summary.build_results(
         setup.model_name, setup.device, max_new_tokens, entries, repeats,
-        llamacpp_build=None if setup.anchors is None else setup.anchors.compiled_for)
+        llamacpp_build=None if setup.anchors is None else setup.anchors.compiled_for,
+        llama_server_build=None if setup.servers is None else setup.servers.build)
     _report(results, setup, out, plot_path, as_json)
     if setup.failures:
         click.echo(f"{len(setup.failures)} input(s) failed: "
@@ -150,7 +165,12 @@ def _report(results: dict, setup: core.Setup, out: str | None, plot_path: str | 
                + (f", fastest of {repeats} runs each" if repeats > 1 else ""))
     if "llamacpp_build" in results:
         click.echo(f"llama.cpp compiled for: {', '.join(results['llamacpp_build']) or '-'}")
+    if "llama_server_build" in results:
+        from ragspec.bench.anchor_build import describe
+
+        click.echo(f"llama-server: {describe(results['llama_server_build'])}")
     click.echo(summary.format_table(results))
+    click.echo(summary.format_questions(results))
 
 
 def _write(path: str, writer) -> None:

@@ -31,9 +31,12 @@ def _names(value: str, known, what: str) -> list[str]:
               help="Model shapes (random weights at published configs): see --list.")
 @click.option("--mixes", default="Q4_0,Q4_K_M", show_default=True, metavar="M,M...",
               help="llama.cpp quantisation mixes of the files: Q4_0, Q4_K_M, Q8_0.")
-@click.option("--engines", default="ragspec,llamacpp", show_default=True, metavar="E,E...",
-              help="ragspec (packed weights, its kernels) and llamacpp (llama-cpp-python, when "
-                   "installed: `make bench-anchors`).")
+@click.option("--engines", default="ragspec,llama.cpp,ik_llama.cpp,llamacpp", show_default=True,
+              metavar="E,E...",
+              help="ragspec (packed weights, its kernels); llama.cpp and ik_llama.cpp (native "
+                   "builds of mainline llama.cpp and of ik_llama.cpp with run-time repacking: "
+                   "`make bench-anchors`); llamacpp (llama-cpp-python); each one that is not "
+                   "built or installed is left out, said once.")
 @click.option("--context", default=800, show_default=True, type=click.IntRange(16, 4000),
               help="Cached tokens before each measured forward, and the prefill's length.")
 @click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(1, 64),
@@ -55,6 +58,12 @@ def bench_engine(shape_names, mixes, engines, context, max_tokens, rounds, folde
     them (what a speculative verify needs). The bound of each forward is max(weight bytes /
     read bandwidth, 2 x multiply-accumulates x k / peak fp32 GEMM FLOP/s), both measured here.
     Random weights measure cost only: acceptance comes from the bundled model (scripts/replay.py).
+
+    Every engine is measured the same way: the faster of two prefills of --context tokens, and
+    c(k) as one forward (one llama_decode for the llama.cpp family, through its anchor-probe,
+    linked against that engine's own library) over k new tokens at --context cached ones with
+    logits for all k positions read back, timed in interleaved rounds (low quantile kept).
+    ik_llama.cpp runs with its run-time repacking (-rtr 1), as its users run it on a CPU.
     """
     from ragspec.bench import engine as eng
     from ragspec.bench import shapes
@@ -67,17 +76,11 @@ def bench_engine(shape_names, mixes, engines, context, max_tokens, rounds, folde
     chosen = _names(shape_names, shapes.SHAPES, "shape(s)")
     mix_list = _names(mixes, shapes.FORMATS, "mix(es)")
     engine_list = _names(engines, eng.ENGINES, "engine(s)")
-    if "llamacpp" in engine_list:
-        from ragspec.bench.llamacpp import available
-
-        if not available():
-            click.echo("llama-cpp-python is not installed (`make bench-anchors`): ragspec only",
-                       err=True)
-            engine_list.remove("llamacpp")
+    builds = _drop_missing(engine_list)
     threads = len(os.sched_getaffinity(0))
     click.echo("Measuring this machine's limits...", err=True)
     results = {"limits": eng.machine_limits(), "context": context, "threads": threads,
-               "files": []}
+               "builds": builds, "files": []}
     with tempfile.TemporaryDirectory(prefix="ragspec-shapes-") as scratch:
         where = Path(folder) if folder else Path(scratch)
         where.mkdir(parents=True, exist_ok=True)
@@ -93,6 +96,30 @@ def bench_engine(shape_names, mixes, engines, context, max_tokens, rounds, folde
         click.echo(json.dumps(results))
     else:
         _table(results)
+
+
+def _drop_missing(engine_list: list[str]) -> dict:
+    """Leave out the anchors this machine has not built or installed, saying so; the build line
+    of each native one that stays."""
+    from ragspec.bench import anchor_build
+    from ragspec.bench.llamacpp import available
+
+    if "llamacpp" in engine_list and not available():
+        click.echo("llama-cpp-python is not installed (`make bench-anchors`): llamacpp left out",
+                   err=True)
+        engine_list.remove("llamacpp")
+    builds = {}
+    for name in ("llama.cpp", "ik_llama.cpp"):
+        if name in engine_list:
+            manifest = anchor_build.load(name)
+            if manifest is None:
+                click.echo(f"{name} is {anchor_build.MISSING.format(name=name)}: left out",
+                           err=True)
+                engine_list.remove(name)
+            else:
+                builds[name] = f"{name}: {anchor_build.describe(manifest)}"
+                click.echo(builds[name], err=True)
+    return builds
 
 
 def _one(eng, shapes, name, mix, where, engine_list, context, max_tokens, rounds, threads,
@@ -125,26 +152,29 @@ def _table(results: dict) -> None:
     click.echo(f"c(k): ms per forward over k new tokens after {results['context']} cached ones")
     click.echo("RSS/file: resident memory the loaded model added (after a first forward), over "
                "the file's size")
-    head = (f"{'shape':15} {'mix':7} {'MB':>6} | {'engine':8} {'RSS/file':>8} {'prefill s':>9} "
+    for line in results.get("builds", {}).values():
+        click.echo(line)
+    head = (f"{'shape':15} {'mix':7} {'MB':>6} | {'engine':12} {'RSS/file':>8} {'prefill s':>9} "
             f"{'c(1)':>7} {'c(4)':>7} {'c(16)':>7} | {'bound c(1)':>10} {'c(16)':>7} {'worst c/bound':>13}")
     click.echo(head)
     for f in results["files"]:
         bound = f["bound"]
-        for engine in ("ragspec", "llamacpp"):
+        for engine in ENGINE_ORDER:
             r = f.get(engine)
             if r is None:
                 continue
             if "error" in r:
-                click.echo(f"{f['shape']:15} {f['mix']:7} {f['file_mb']:>6.0f} | {engine:8} failed: "
+                click.echo(f"{f['shape']:15} {f['mix']:7} {f['file_mb']:>6.0f} | {engine:12} failed: "
                            f"{printable(r['error'])[:80]}")
                 continue
             c = r["c"]
             worst = max(ci / bi for ci, bi in zip(c, bound, strict=False))
             cells = " ".join(f"{1000 * c[k - 1]:>7.1f}" if len(c) >= k else f"{'-':>7}"
                              for k in (1, 4, 16))
-            click.echo(f"{f['shape']:15} {f['mix']:7} {f['file_mb']:>6.0f} | {engine:8} "
+            click.echo(f"{f['shape']:15} {f['mix']:7} {f['file_mb']:>6.0f} | {engine:12} "
                        f"{r['rss_mb'] / f['file_mb']:>8.2f} {r['prefill_s']:>9.2f} {cells} | "
                        f"{1000 * bound[0]:>10.1f} {1000 * bound[-1]:>7.1f} {worst:>13.2f}")
 
 
+ENGINE_ORDER = ("ragspec", "llama.cpp", "ik_llama.cpp", "llamacpp")
 COMMANDS = [bench_engine]
