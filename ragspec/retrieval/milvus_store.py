@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 
 from ragspec.retrieval import persist
-from ragspec.retrieval.backends import MilvusLocation
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError, RetrievalError
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
+from ragspec.retrieval.milvus_location import MilvusLocation
 from ragspec.retrieval.milvus_schema import document_row, quiet_imports
 from ragspec.retrieval.records import DocumentInfo, Passage
 from ragspec.retrieval.store_base import PassageEmbedder, StoreBase, check_model
