@@ -93,6 +93,10 @@ class BM25Index:
     def __contains__(self, pid: str) -> bool:
         return pid in self._row_of
 
+    def ids(self) -> list[str]:
+        """The live passage ids, in the order they were added."""
+        return list(self._row_of)
+
     def add(self, pid: str, text: str) -> None:
         if pid in self._row_of:
             raise ValueError(f"passage {pid!r} is already in the keyword index")
@@ -259,8 +263,10 @@ class BM25Index:
 
     # -- on disk ------------------------------------------------------------------------------
 
-    def to_bytes(self, order: Sequence[str]) -> bytes:
-        """The index as .npz bytes, rows in `order` (which must be exactly its passage ids)."""
+    def to_bytes(self, order: Sequence[str], *, with_ids: bool = False) -> bytes:
+        """The index as .npz bytes, rows in `order` (which must be exactly its passage ids);
+        `with_ids` also saves `order` (newline-separated: ids hold no newline), for a caller
+        that keeps the ids nowhere else (`saved_ids` reads them back)."""
         if len(order) != len(self._row_of) or set(order) != self._row_of.keys():
             raise AssertionError("the row order must list every passage of the index once")
         self._seal_pending()
@@ -296,8 +302,20 @@ class BM25Index:
             offsets=offsets,
             rows=canonical.rows,
             counts=canonical.counts,
+            **({"ids": np.frombuffer("\n".join(order).encode("utf-8"), dtype=np.uint8)}
+               if with_ids else {}),
         )
         return buffer.getvalue()
+
+    @staticmethod
+    def saved_ids(data: bytes) -> list[str]:
+        """The row order saved by `to_bytes(..., with_ids=True)`; ValueError without one."""
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+                raw = arrays["ids"].tobytes().decode("utf-8")
+        except (OSError, KeyError, ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"the keyword file holds no passage ids ({exc})") from exc
+        return raw.split("\n") if raw else []
 
     @classmethod
     def restore(cls, data: bytes | None, passages: Sequence[tuple[str, str]]) -> BM25Index:

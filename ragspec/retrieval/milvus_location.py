@@ -1,7 +1,7 @@
 """Where a Milvus index lives: the parsed form of a Milvus `--index` value (backends.parse).
 
 Contract: a MilvusLocation names a Milvus Lite file or a server URI and a collection; it knows
-where this machine keeps the index's write lock. It imports nothing from the stores, so both
+where this machine keeps the index's write lock and keyword files. It imports nothing from the stores, so both
 backends.py (which opens stores) and milvus_store.py (which is opened) can depend on it.
 """
 
@@ -30,5 +30,17 @@ class MilvusLocation:
             return path.parent, f".{path.name}.{self.collection}.write.lock"
         from ragspec import paths
 
-        safe = "".join(c if c.isalnum() else "-" for c in f"{self.uri}-{self.collection}")
-        return paths.home() / "locks", f"milvus-{safe}.lock"
+        return paths.home() / "locks", f"milvus-{self._safe()}.lock"
+
+    def keywords_folder(self) -> Path:
+        """Where this machine keeps the index's keyword files (milvus_keywords.py): beside a
+        Milvus Lite file; under the data directory for a server."""
+        if self.lite:
+            path = Path(self.uri)
+            return path.parent / f".{path.name}.{self.collection}.keywords"
+        from ragspec import paths
+
+        return paths.home() / "milvus-keywords" / self._safe()
+
+    def _safe(self) -> str:
+        return "".join(c if c.isalnum() else "-" for c in f"{self.uri}-{self.collection}")
