@@ -47,13 +47,18 @@ def store(tmp_path, monkeypatch):
     return PassageStore.open(tmp_path / "index", HashEmbedder(dim=DIM), use_gpu=False)
 
 
-def test_past_the_threshold_recall_at_10_is_at_least_098_with_exact_cosines(store, monkeypatch):
-    rng = np.random.default_rng(0)
-    centres = rng.normal(0, 1, (60, DIM))
+def _filled(store, seed: int, topics: int, docs: int, per_doc: int):
+    """The store with `docs` documents of clustered vectors; (rng, centres, 60 queries)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 1, (topics, DIM))
     with store.writing():
-        for d in range(40):
-            _add(store, f"doc{d}", _vectors(rng, 150, centres))
-    queries = _vectors(rng, 60, centres)
+        for d in range(docs):
+            _add(store, f"doc{d}", _vectors(rng, per_doc, centres))
+    return rng, centres, _vectors(rng, 60, centres)
+
+
+def test_past_the_threshold_recall_at_10_is_at_least_098_with_exact_cosines(store, monkeypatch):
+    _, _, queries = _filled(store, 0, 60, 40, 150)
     assert faiss_ann.wanted(store.passage_count())
     assert _recall(store, queries, monkeypatch) >= 0.98
     stored = {p.id: v for p, v in zip(store.passages(), store._lc.index.reconstruct_n(
@@ -65,12 +70,7 @@ def test_past_the_threshold_recall_at_10_is_at_least_098_with_exact_cosines(stor
 
 
 def test_adds_and_deletes_keep_the_approximate_index_on_the_right_rows(store, monkeypatch):
-    rng = np.random.default_rng(1)
-    centres = rng.normal(0, 1, (40, DIM))
-    with store.writing():
-        for d in range(20):
-            _add(store, f"doc{d}", _vectors(rng, 120, centres))
-    queries = _vectors(rng, 40, centres)
+    rng, centres, queries = _filled(store, 1, 40, 20, 120)
     _ids(store, queries[0], 10)  # trains it
     with store.writing():
         store.remove("/docs/doc3")  # rows after doc3's shift down
