@@ -149,7 +149,8 @@ class MilvusStore(StoreBase):
         if manifest is None:
             from ragspec.retrieval.milvus_schema import vector_index_from_env
 
-            self._vector_index = vector_index_from_env()
+            self._vector_policy = vector_index_from_env()
+            self._vector_index = "FLAT" if self._vector_policy == "AUTO" else self._vector_policy
             self._commit, self._gen, self._dim = None, 0, None
             self._model_name = getattr(self.embedder, "name", None)
             self._documents, self._doc_gen, self._retired = {}, {}, []
@@ -160,6 +161,7 @@ class MilvusStore(StoreBase):
         self._commit, self._gen = manifest["commit"], int(manifest["gen"])
         self._dim, self._model_name = int(manifest["dim"]), manifest.get("embedder")
         self._vector_index = manifest.get("vector_index", "FLAT")
+        self._vector_policy = manifest.get("vector_policy", self._vector_index)
         _, documents, meta = self._names()
         client = self._connected()
         self._retired = [(r["doc_id"], int(r["old_gen"])) for r in self._rows(
@@ -353,12 +355,14 @@ class MilvusStore(StoreBase):
                 for d, g in self._retire])
         for name in (passages, documents, meta):
             self._call("flush", client.flush, name)
+        self._grow_vector_index(client, passages)
         commit = uuid.uuid4().hex
         keywords = self._keywords.commit(
             [(doc_id, rows) for doc_id, (_, rows, _) in self._pending.items()],
             [doc_id for doc_id, _ in self._retire], gen)
         manifest = {"gen": gen, "commit": commit, "embedder": self._model_name or "",
                     "dim": self._dim or 0, "vector_index": self._vector_index,
+                    "vector_policy": self._vector_policy,
                     "keywords": keywords}
         _commit_point(self, client, meta, manifest)
         self._keywords.clean(keywords)
@@ -372,6 +376,17 @@ class MilvusStore(StoreBase):
         self._retired = retired  # visible as gone until their rows are deleted
         self._delete_versions(retired)
         self._retired = []
+
+    def _grow_vector_index(self, client, passages: str) -> None:
+        """Under the AUTO policy, switch to IVF_FLAT once the commit holds APPROX_THRESHOLD
+        passages (before the manifest that records it: a crash between leaves an IVF index
+        that the next commit rebuilds again, searched meanwhile with Milvus' defaults)."""
+        from ragspec.retrieval.milvus_schema import APPROX_THRESHOLD, use_ivf
+
+        if self._vector_policy == "AUTO" and self._vector_index == "FLAT" and \
+                self.passage_count() >= APPROX_THRESHOLD:
+            self._call("index the vectors", use_ivf, client, passages)
+            self._vector_index = "IVF_FLAT"
 
     def _write_passages(self, gen: int, rows: list[Passage], vectors: np.ndarray) -> None:
         too_long = [p.id for p in rows if len(p.text.encode("utf-8")) > _MAX_TEXT]
