@@ -47,8 +47,8 @@ BAD_INPUTS = {
                       "encrypted"),
     "pdf without text layer": ("scan.pdf", lambda p: p.write_bytes(blank_pdf_bytes()),
                                "no extractable text"),
-    "unsupported type": ("slides.pptx", lambda p: p.write_bytes(b"PK\x03\x04"),
-                         "unsupported type '.pptx'"),
+    "unsupported type": ("slides.key", lambda p: p.write_bytes(b"PK\x03\x04"),
+                         "unsupported type '.key'"),
     "nonexistent path": ("missing.md", lambda p: None, "no such file or directory"),
 }
 

@@ -81,7 +81,8 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_s
            commit_every: int, commit_seconds: float, as_json: bool) -> None:
     """Add files and folders to the index, or bring changed files up to date.
 
-    Supported: PDF, plain text, Markdown, HTML and Word (.docx) files. Text files in another
+    Supported: PDF, plain text, Markdown, HTML, Word (.docx), PowerPoint (.pptx), Excel (.xlsx),
+    CSV, EPUB and OpenDocument (.odt, .odp) files. Text files in another
     encoding than UTF-8 (UTF-16, Windows-1252, Shift_JIS, ...) are detected and read, and the
     report names the encoding. Unchanged files are skipped (by content hash); changed files
     replace their old passages. A file that cannot be read is reported and the others are still

@@ -3,7 +3,7 @@
 Contract: `load_bytes(data, name, limits)` parses exactly `data` (the bytes the caller read and
 hashed: a file is read once) as the type `name`'s suffix says, and returns LangChain `Document`s
 whose `page_content` is the text passages are cut from and whose metadata holds `source` (`name`
-as a string) and `page` (1-based page number for PDFs, None for every other type). Passage offsets
+as a string) and `page` (1-based: the PDF page, slide, sheet or chapter; see below). Passage offsets
 are character offsets into exactly this text, so it is the reference for provenance.
 `load_file(path)` is the same for a file on disk. Anything that stops a file from yielding usable
 text raises `LoadError` with a sentence a user can act on; the limits in `IngestLimits` (pages,
@@ -19,6 +19,11 @@ Per type:
   of what users quote.
 - .html, .htm: the visible text, in one linear pass (see html_text.py).
 - .docx: headers, body and footers, streamed from the archive (see docx_text.py).
+- .pptx: one Document per slide, `page` the slide number; text, tables, speaker notes (slides.py).
+- .xlsx, .csv: one Document per group of rows, each naming its sheet and rows and repeating the
+  header row; `page` is the sheet's number in the workbook, None for .csv (sheets.py).
+- .epub: one Document per chapter of the reading order, `page` the chapter number (ebooks.py).
+- .odt: one Document; .odp: one per slide, `page` the slide number (opendoc.py).
 """
 
 from __future__ import annotations
@@ -33,14 +38,26 @@ from pathlib import Path
 from langchain_core.documents import Document
 
 from ragspec.retrieval.docx_text import docx_text
+from ragspec.retrieval.ebooks import epub_pages
 from ragspec.retrieval.encoding import decode_text
 from ragspec.retrieval.errors import LoadError, type_name
 from ragspec.retrieval.html_text import html_text
 from ragspec.retrieval.limits import ENV_FOR, IngestLimits, TextBuffer, too_many_chars
+from ragspec.retrieval.opendoc import odf_pages
+from ragspec.retrieval.sheets import csv_pages, xlsx_pages
+from ragspec.retrieval.slides import pptx_pages
 
 SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".pdf", ".txt", ".md", ".markdown", ".html", ".htm", ".docx",
+    ".pptx", ".xlsx", ".csv", ".epub", ".odt", ".odp",
 )
+
+# Formats whose loader returns (page, text) pairs itself.
+_CONTAINERS = {
+    ".pptx": pptx_pages, ".xlsx": xlsx_pages, ".csv": csv_pages, ".epub": epub_pages,
+    ".odt": lambda data, limits: odf_pages(data, limits, slides=False),
+    ".odp": lambda data, limits: odf_pages(data, limits, slides=True),
+}
 
 # Share of control characters (other than tab/newline/CR/form feed) above which decoded "text"
 # is really binary data that happened to be valid UTF-8 (runs of NUL bytes are).
@@ -85,6 +102,8 @@ def load_bytes(
         pages = [(None, _checked_text(html_text(data, limits)))]
     elif suffix == ".docx":
         pages = [(None, docx_text(data, limits))]
+    elif suffix in _CONTAINERS:
+        pages = _CONTAINERS[suffix](data, limits)
     else:
         text, encoding = _load_text(data, limits)
         pages = [(None, text)]
