@@ -9,7 +9,9 @@ runs in bf16 (fp32 with exact=True). It never downloads. `spec` is:
   * a folder holding a transformers model (config.json and weights);
   * a `.gguf` file: de-quantised once into cache_dir, keyed by its content (ragspec.decoding.convert);
   * a hub id ("owner/name") already in the local Hugging Face cache (`ragspec pull ID` puts it
-    there; ragspec.decoding.hub).
+    there; ragspec.decoding.hub);
+  * "ollama:NAME[:TAG]" or "lmstudio:NAME": the GGUF file those tools keep, loaded where it
+    lies (ragspec.decoding.local_models).
 A spec that names nothing on this machine raises ModelNotFound, a model ragspec cannot run
 (encoder-decoder, no causal-LM head, unreadable GGUF, unknown architecture) ModelNotSupported:
 both with one line that says which and what to do.
@@ -237,6 +239,7 @@ def load_model(
     from ragspec.decoding.weights import WeightsUnavailable, choose
 
     start = time.perf_counter()
+    spec = _local_spec(spec, Path(cache_dir))
     dev = pick_device(device)
     _configure_threads(dev)
     try:
@@ -249,6 +252,16 @@ def load_model(
         loaded = _load_packed(spec, Path(cache_dir), choice, on_convert)
     loaded.load_seconds = time.perf_counter() - start
     return loaded
+
+
+def _local_spec(spec: str | None, cache_dir: Path) -> str | None:
+    """An ollama:/lmstudio: spec as the GGUF file it names (ragspec.decoding.local_models)."""
+    from ragspec.decoding.local_models import LocalModelError, linked_gguf
+
+    try:
+        return linked_gguf(spec, cache_dir) or spec
+    except LocalModelError as exc:
+        raise ModelNotFound(str(exc)) from exc
 
 
 def _load_transformers(spec, cache_dir: Path, dev: torch.device, dtype: torch.dtype,

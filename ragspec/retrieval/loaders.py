@@ -3,7 +3,7 @@
 Contract: `load_bytes(data, name, limits)` parses exactly `data` (the bytes the caller read and
 hashed: a file is read once) as the type `name`'s suffix says, and returns LangChain `Document`s
 whose `page_content` is the text passages are cut from and whose metadata holds `source` (`name`
-as a string) and `page` (1-based page number for PDFs, None for every other type). Passage offsets
+as a string) and `page` (1-based: the PDF page, slide, sheet or chapter; see below). Passage offsets
 are character offsets into exactly this text, so it is the reference for provenance.
 `load_file(path)` is the same for a file on disk. Anything that stops a file from yielding usable
 text raises `LoadError` with a sentence a user can act on; the limits in `IngestLimits` (pages,
@@ -11,14 +11,21 @@ characters, inflated sizes) are LoadErrors too.
 
 Per type:
 - .pdf: pypdf, one Document per page; pages without text are dropped but keep their numbers; a
-  PDF without any text layer is an error (it needs OCR first). The page count is checked before
-  any page is read.
+  page without text but with pictures is read by OCR when it is on (images.py, ocr.py: its
+  Document has `ocr` True and `ocr_words`, the word boxes); a PDF without any text is an error.
+  The page count is checked before any page is read.
+- .png, .jpg, .jpeg, .tif, .tiff: OCR, one Document per frame (images.py).
 - .txt, .md, .markdown: UTF-8, or the encoding a byte-order mark or charset-normalizer finds
   (see encoding.py; a BOM is dropped; line ends become "\\n"); a file not in UTF-8 has the
   encoding's name in the metadata as `encoding`. Markdown stays as written: its markup is part
   of what users quote.
 - .html, .htm: the visible text, in one linear pass (see html_text.py).
 - .docx: headers, body and footers, streamed from the archive (see docx_text.py).
+- .pptx: one Document per slide, `page` the slide number; text, tables, speaker notes (slides.py).
+- .xlsx, .csv: one Document per group of rows, each naming its sheet and rows and repeating the
+  header row; `page` is the sheet's number in the workbook, None for .csv (sheets.py).
+- .epub: one Document per chapter of the reading order, `page` the chapter number (ebooks.py).
+- .odt: one Document; .odp: one per slide, `page` the slide number (opendoc.py).
 """
 
 from __future__ import annotations
@@ -33,14 +40,28 @@ from pathlib import Path
 from langchain_core.documents import Document
 
 from ragspec.retrieval.docx_text import docx_text
+from ragspec.retrieval.ebooks import epub_pages
 from ragspec.retrieval.encoding import decode_text
 from ragspec.retrieval.errors import LoadError, type_name
 from ragspec.retrieval.html_text import html_text
+from ragspec.retrieval.images import IMAGE_SUFFIXES, image_pages, pdf_scanned_pages, scanned
 from ragspec.retrieval.limits import ENV_FOR, IngestLimits, TextBuffer, too_many_chars
+from ragspec.retrieval.ocr import OcrSettings, missing
+from ragspec.retrieval.opendoc import odf_pages
+from ragspec.retrieval.sheets import csv_pages, xlsx_pages
+from ragspec.retrieval.slides import pptx_pages
 
 SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".pdf", ".txt", ".md", ".markdown", ".html", ".htm", ".docx",
+    ".pptx", ".xlsx", ".csv", ".epub", ".odt", ".odp", *IMAGE_SUFFIXES,
 )
+
+# Formats whose loader returns (page, text) pairs itself.
+_CONTAINERS = {
+    ".pptx": pptx_pages, ".xlsx": xlsx_pages, ".csv": csv_pages, ".epub": epub_pages,
+    ".odt": lambda data, limits: odf_pages(data, limits, slides=False),
+    ".odp": lambda data, limits: odf_pages(data, limits, slides=True),
+}
 
 # Share of control characters (other than tab/newline/CR/form feed) above which decoded "text"
 # is really binary data that happened to be valid UTF-8 (runs of NUL bytes are).
@@ -85,12 +106,17 @@ def load_bytes(
         pages = [(None, _checked_text(html_text(data, limits)))]
     elif suffix == ".docx":
         pages = [(None, docx_text(data, limits))]
+    elif suffix in _CONTAINERS:
+        pages = _CONTAINERS[suffix](data, limits)
+    elif suffix in IMAGE_SUFFIXES:
+        pages = image_pages(data, OcrSettings.from_env())
     else:
         text, encoding = _load_text(data, limits)
         pages = [(None, text)]
     extra = {} if encoding is None else {"encoding": encoding}
-    docs = [Document(page_content=text, metadata={"source": str(name), "page": page, **extra})
-            for page, text in pages if text.strip()]
+    docs = [Document(page_content=text,
+                     metadata={"source": str(name), "page": page, **extra, **dict(*more)})
+            for page, text, *more in pages if text.strip()]
     if not docs:
         raise LoadError("no extractable text: the file contains no words")
     return docs
@@ -132,6 +158,7 @@ def _load_pdf(data: bytes, limits: IngestLimits) -> list[tuple[int, str]]:
                 text = page.extract_text()
                 buffer.add(text)  # counts the characters; the pages themselves are kept
                 pages.append((number, text))
+            pictured = scanned(reader, pages)  # pages without text but with pictures: OCR
     except LoadError:
         raise
     except (FileNotDecryptedError, WrongPasswordError) as exc:
@@ -145,12 +172,28 @@ def _load_pdf(data: bytes, limits: IngestLimits) -> list[tuple[int, str]]:
         # pypdf raises many unrelated types on malformed files (ValueError, KeyError,
         # AttributeError, ...); any of them means "this PDF is broken", said in PDF terms.
         raise LoadError(f"not a readable PDF (damaged?): {type_name(exc)}: {exc}") from exc
-    if not any(text.strip() for _, text in pages):
-        raise LoadError(
-            f"no extractable text in {len(pages)} page(s): the PDF has no text layer "
-            "(scanned images?); run OCR on it (e.g. `ocrmypdf in.pdf out.pdf`) and ingest the result"
-        )
+    pages = _ocr_pdf(data, pages, pictured)
+    if not any(text.strip() for _, text, *_ in pages):
+        settings = OcrSettings.from_env()
+        if not pictured:
+            why = "its pages draw no pictures either (blank pages?)"
+        elif not settings.enabled:
+            why = "OCR is turned off (RAGSPEC_OCR=0 or --no-ocr)"
+        else:
+            why = missing(settings) or "OCR found no words on them"
+        raise LoadError(f"no extractable text in {len(pages)} page(s): the PDF has no text "
+                        f"layer (scanned images?); {why}")
     return pages
+
+
+def _ocr_pdf(data: bytes, pages: list, pictured: list[int]) -> list:
+    """`pages` with the text OCR reads on the `pictured` ones, when OCR is on and can run."""
+    settings = OcrSettings.from_env()
+    if not pictured or not settings.enabled or missing(settings):
+        return pages
+    recognised = {number: (number, text, meta)
+                  for number, text, meta in pdf_scanned_pages(data, pictured, settings)}
+    return [recognised.get(page[0], page) for page in pages]
 
 
 @contextmanager
