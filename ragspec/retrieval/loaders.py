@@ -10,9 +10,10 @@ text raises `LoadError` with a sentence a user can act on; the limits in `Ingest
 characters, inflated sizes) are LoadErrors too.
 
 Per type:
-- .pdf: pypdf, one Document per page; pages without text are dropped but keep their numbers; a
-  PDF without any text layer is an error (it needs OCR first). The page count is checked before
-  any page is read.
+- .pdf: PDFium's text layer (pdf_text.py), one Document per page; pages without text are
+  dropped but keep their numbers; a PDF without any text layer is an error (it needs OCR first).
+  The page count is checked before any page is read. Each page's metadata also holds `layout`:
+  its `PdfPage`, whose boxes give every character of `page_content` its place on the page.
 - .txt, .md, .markdown: UTF-8, or the encoding a byte-order mark or charset-normalizer finds
   (see encoding.py; a BOM is dropped; line ends become "\\n"); a file not in UTF-8 has the
   encoding's name in the metadata as `encoding`. Markdown stays as written: its markup is part
@@ -23,7 +24,6 @@ Per type:
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 from collections.abc import Iterator
@@ -34,9 +34,10 @@ from langchain_core.documents import Document
 
 from ragspec.retrieval.docx_text import docx_text
 from ragspec.retrieval.encoding import decode_text
-from ragspec.retrieval.errors import LoadError, type_name
+from ragspec.retrieval.errors import LoadError
 from ragspec.retrieval.html_text import html_text
-from ragspec.retrieval.limits import ENV_FOR, IngestLimits, TextBuffer, too_many_chars
+from ragspec.retrieval.limits import IngestLimits, too_many_chars
+from ragspec.retrieval.pdf_text import PdfPage, read_pdf
 
 SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".pdf", ".txt", ".md", ".markdown", ".html", ".htm", ".docx",
@@ -79,8 +80,10 @@ def load_bytes(
     if suffix not in SUPPORTED_SUFFIXES:
         raise LoadError(unsupported_message(name))
     encoding = None
+    layouts: dict[int, PdfPage] = {}
     if suffix == ".pdf":
-        pages = _load_pdf(data, limits)
+        layouts = {page.number: page for page in _load_pdf(data, limits)}
+        pages = [(number, page.text) for number, page in layouts.items()]
     elif suffix in (".html", ".htm"):
         pages = [(None, _checked_text(html_text(data, limits)))]
     elif suffix == ".docx":
@@ -91,6 +94,9 @@ def load_bytes(
     extra = {} if encoding is None else {"encoding": encoding}
     docs = [Document(page_content=text, metadata={"source": str(name), "page": page, **extra})
             for page, text in pages if text.strip()]
+    for doc in docs:
+        if doc.metadata["page"] in layouts:
+            doc.metadata["layout"] = layouts[doc.metadata["page"]]
     if not docs:
         raise LoadError("no extractable text: the file contains no words")
     return docs
@@ -113,39 +119,9 @@ def _checked_text(text: str) -> str:
     return text
 
 
-def _load_pdf(data: bytes, limits: IngestLimits) -> list[tuple[int, str]]:
-    from pypdf import PdfReader
-    from pypdf.errors import FileNotDecryptedError, PdfReadError, PdfStreamError, WrongPasswordError
-
-    try:
-        with _quiet("pypdf"):
-            reader = PdfReader(io.BytesIO(data))
-            if len(reader.pages) > limits.max_pdf_pages:
-                raise LoadError(
-                    f"the PDF has {len(reader.pages):,} pages, over the limit of "
-                    f"{limits.max_pdf_pages:,}; split it, or raise the limit with "
-                    f"{ENV_FOR['max_pdf_pages']}"
-                )
-            buffer = TextBuffer(limits.max_chars)
-            pages = []
-            for number, page in enumerate(reader.pages, start=1):
-                text = page.extract_text()
-                buffer.add(text)  # counts the characters; the pages themselves are kept
-                pages.append((number, text))
-    except LoadError:
-        raise
-    except (FileNotDecryptedError, WrongPasswordError) as exc:
-        raise LoadError(
-            "the PDF is encrypted (password protected); save an unprotected copy "
-            "(e.g. `qpdf --decrypt in.pdf out.pdf`) and ingest that"
-        ) from exc
-    except (PdfReadError, PdfStreamError) as exc:
-        raise LoadError(f"not a readable PDF (damaged or truncated?): {exc}") from exc
-    except Exception as exc:  # noqa: BLE001
-        # pypdf raises many unrelated types on malformed files (ValueError, KeyError,
-        # AttributeError, ...); any of them means "this PDF is broken", said in PDF terms.
-        raise LoadError(f"not a readable PDF (damaged?): {type_name(exc)}: {exc}") from exc
-    if not any(text.strip() for _, text in pages):
+def _load_pdf(data: bytes, limits: IngestLimits) -> list[PdfPage]:
+    pages = read_pdf(data, limits)
+    if not any(page.text.strip() for page in pages):
         raise LoadError(
             f"no extractable text in {len(pages)} page(s): the PDF has no text layer "
             "(scanned images?); run OCR on it (e.g. `ocrmypdf in.pdf out.pdf`) and ingest the result"
