@@ -44,7 +44,7 @@ from ragspec.search import (
 )
 
 # Callers import these from here too (they were defined here before ragspec.search existed).
-__all__ = ["Pipeline", "pipeline_for", "PipelineConfig", "PreparedPrompt", "Answer", "NoDocumentsError",
+__all__ = ["Pipeline", "PipelineConfig", "PreparedPrompt", "Answer", "NoDocumentsError",
            "Retrieval", "is_followup", "standalone_question", "passages_to_dicts",
            "hits_to_dicts", "DEFAULT_SEARCH", "DEFAULT_MIN_SCORE", "SYSTEM_PROMPT",
            "ANSWER_REPEAT"]
@@ -167,15 +167,6 @@ def passages_to_dicts(prepared: PreparedPrompt, spans: Sequence = ()) -> list[di
 
 
 # -- the pipeline -------------------------------------------------------------------------------
-
-def pipeline_for(store, generator, config: PipelineConfig | None = None) -> Pipeline:
-    """The pipeline for a local Generator, or for a generator on a server (ragspec.remote)."""
-    if getattr(generator, "remote", False):
-        from ragspec.remote import RemotePipeline
-
-        return RemotePipeline(store, generator, config)
-    return Pipeline(store, generator, config)
-
 
 class Pipeline:
     """Retrieval + prompt building + generation for one store and one generator."""

@@ -8,8 +8,8 @@ Contract:
     from the same passages whatever server writes. The API key comes from
     RAGSPEC_GENERATOR_KEY (never from a command line). A server that cannot be reached, or
     lists no model, is a RemoteGeneratorError with one clear line.
-  * `RemotePipeline` (made by `ragspec.pipeline.pipeline_for`) builds the same chat messages
-    as the local pipeline (numbered passages, then the question) and streams the answer.
+  * `pipeline_for(store, generator, config)` gives the local Pipeline or, for a remote
+    generator, a `RemotePipeline`, which builds the same chat messages as the local pipeline (numbered passages, then the question) and streams the answer.
   * `RemoteStream` quacks like the engine's GenerationStream (iterate for spans; `spans`,
     `stats`, `text`, `stop()`, `result()`); the texts of its spans concatenate to the answer.
     While the answer arrives, spans are plain or *quoted* (ragspec.quoting: found word for word
@@ -261,3 +261,11 @@ class RemotePipeline(Pipeline):
     def stream(self, prepared: PreparedPrompt, gen_config: GenerationConfig) -> RemoteStream:
         return self.generator.stream_messages(prepared.messages, gen_config,
                                               [p.text for p in prepared.passages])
+
+
+def pipeline_for(store, generator, config: PipelineConfig | None = None) -> Pipeline:
+    """The pipeline for a local Generator, or for a generator on a server. It lives here, not in
+    ragspec.pipeline, so that the dependency points one way: remote builds on pipeline."""
+    if getattr(generator, "remote", False):
+        return RemotePipeline(store, generator, config)
+    return Pipeline(store, generator, config)

@@ -178,3 +178,57 @@ def test_an_import_against_the_direction_is_caught(tmp_path, module, source, rea
 ])
 def test_imports_along_the_direction_pass(tmp_path, module, source):
     assert violations(with_import(tmp_path, module, source)) == []
+
+
+def import_cycles(root: Path = PACKAGE) -> list[list[str]]:
+    """Groups of ragspec modules that import each other, directly or round a longer circle
+    (every import counts, lazy ones too): strongly connected parts of the import graph."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        targets = graph.setdefault(module, set())
+        for _, name in imports(path, root):
+            if name.split(".")[0] == "ragspec" and name != module and is_module(name, root):
+                targets.add(name)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+# Circles still to be cut (backends opens the Milvus store lazily; milvus_store takes
+# MilvusLocation from backends). Nothing may join this list.
+KNOWN_CYCLES = [["ragspec.retrieval.backends", "ragspec.retrieval.milvus_store"]]
+
+
+def test_no_modules_import_each_other():
+    assert [c for c in import_cycles() if c not in KNOWN_CYCLES] == []
+
+
+def test_a_circle_of_imports_is_caught(tmp_path):
+    copy = with_import(tmp_path, "pipeline.py", "def f():\n    import ragspec.remote\n")
+    assert ["ragspec.pipeline", "ragspec.remote"] in import_cycles(copy)

@@ -131,7 +131,8 @@ def test_generate_on_a_server_quotes_the_prompt(transformers_url, env):
 @pytest.mark.slow
 def test_the_chat_offers_a_server_by_name_and_answers_through_it(transformers_url, env):
     from ragspec.loading import open_store
-    from ragspec.pipeline import PipelineConfig, pipeline_for
+    from ragspec.pipeline import PipelineConfig
+    from ragspec.remote import pipeline_for
     from ragspec.web.model_choice import ModelRegistry, parse_choices
 
     choices = parse_choices([f"team={transformers_url}"])

@@ -142,12 +142,12 @@ def test_inflated_text_is_streamed_and_stops_at_the_character_limit():
 
 
 def test_pdf_page_limit_is_checked_before_any_page_is_read(monkeypatch):
-    from pypdf import PageObject
+    from ragspec.retrieval import pdf_text
 
-    def no_text(self, *args, **kwargs):
+    def no_page(*args, **kwargs):
         raise AssertionError("a page was read")
 
-    monkeypatch.setattr(PageObject, "extract_text", no_text)
+    monkeypatch.setattr(pdf_text, "_read_page", no_page)
     data = (CORPUS / "operations-guide.pdf").read_bytes()
     with pytest.raises(LoadError, match="has 3 pages, over the limit of 2.*RAGSPEC_MAX_PDF_PAGES"):
         load_bytes(data, "guide.pdf", IngestLimits(max_pdf_pages=2))

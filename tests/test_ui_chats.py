@@ -103,6 +103,7 @@ def test_markdown_export_cites_the_passages(tmp_path):
     assert "## Which port?" in text
     assert "It listens on port 7432." in text
     assert "[1] ops guide.md, page 2" in text
+    assert "- `port 7432` ([1] ops guide.md, page 2)" in text  # each copied span, with its page
     assert "> The metrics endpoint listens on port 7432.\n> It serves /metrics only." in text
     assert "/srv/docs" not in text
     assert "repeating" not in text  # ended at an end-of-text token: no note

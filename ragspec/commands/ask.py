@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import click
 
+from ragspec.citations import Citer
 from ragspec.commands.common import (
     build_config,
     draft_options,
@@ -50,7 +51,10 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
     passage reaches --min-score, no answer is generated (the model is not even loaded): ask says
     that the documents do not appear to hold the answer and shows the closest passages.
     --json prints {"answer": {...as generate --json...}|null, "passages": [...],
-    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}. An answer that
+    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}; every answer span
+    copied from a passage carries its "page", and from a PDF its "page_size", "rotation" and
+    "boxes" ([x0, y0, x1, y1] in PDF page coordinates; null for an index ingested before boxes
+    were kept: ingest the files again). An answer that
     starts repeating itself ends there (answer.stats.stop_reason "repetition", and a note in
     the text output); drafts copied from a passage are highlighted, repeats of the answer's own
     text or of the question are underlined.
@@ -81,7 +85,8 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
     loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json,
                                          weights=weights, generator_url=generator_url)
 
-    from ragspec.pipeline import PipelineConfig, pipeline_for
+    from ragspec.pipeline import PipelineConfig
+    from ragspec.remote import pipeline_for
 
     pipeline = pipeline_for(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens,
                                                        search=search_mode, min_score=min_score))
@@ -113,18 +118,18 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
 
     try:
         _print(question, prepared, streams, loaded.name, retrieval, as_json,
-               config.sampling.greedy)
+               config.sampling.greedy, Citer(store))
     except RemoteGeneratorError as exc:
         raise click.ClickException(printable(str(exc))) from exc
     except RuntimeError as exc:  # a generation that failed in the scheduler
         raise click.ClickException(str(exc)) from exc
 
 
-def _print(question, prepared, streams, model_name, retrieval, as_json, greedy) -> None:
+def _print(question, prepared, streams, model_name, retrieval, as_json, greedy, citer) -> None:
     if as_json:
-        _print_json(question, prepared, streams, model_name, retrieval)
+        _print_json(question, prepared, streams, model_name, retrieval, citer)
     else:
-        _print_text(prepared, streams, greedy)
+        _print_text(prepared, streams, greedy, citer)
 
 
 def _print_refusal(retrieval, as_json: bool) -> None:
@@ -154,14 +159,17 @@ def _print_refusal(retrieval, as_json: bool) -> None:
         console.print(f"   {escape(printable(' '.join(hit.passage.text.split())[:300]))}")
 
 
-def _print_json(question, prepared, streams, model_name: str, retrieval) -> None:
+def _print_json(question, prepared, streams, model_name: str, retrieval, citer) -> None:
     from ragspec.describe import seconds_speedup
     from ragspec.pipeline import passages_to_dicts
 
     results = [s.result() for _, s in streams]
     compare = len(results) > 1
+    answer = results[-1].to_dict()
+    # every span copied from a passage: its page, and on a PDF page its characters' boxes
+    answer["spans"] = citer.span_dicts(results[-1].spans, prepared.passages)
     out = {
-        "answer": results[-1].to_dict(),
+        "answer": answer,
         "passages": passages_to_dicts(prepared, results[-1].spans),
         "baseline": results[0].to_dict() if compare else None,
         "question": question,
@@ -175,7 +183,7 @@ def _print_json(question, prepared, streams, model_name: str, retrieval) -> None
     click.echo(json.dumps(out))
 
 
-def _print_text(prepared, streams, greedy: bool) -> None:
+def _print_text(prepared, streams, greedy: bool, citer) -> None:
     """Stream each answer to the terminal, then the comparison and the passages used."""
     from rich.console import Console
     from rich.markup import escape
@@ -213,6 +221,27 @@ def _print_text(prepared, streams, greedy: bool) -> None:
         score = f" score {p['score']:.2f}" if p["score"] is not None else ""
         label = printable(passage_label(i, prepared.passages[i]))
         console.print(f" {escape(label)} (char {p['start']}){score} · {copied} characters copied")
+    _print_copied(console, prepared, results[-1].spans, citer)
+
+
+def _print_copied(console, prepared, spans, citer) -> None:
+    """Each copied span with the passage and page it came from (and whether its place on the
+    PDF page is known)."""
+    from rich.markup import escape
+
+    from ragspec.describe import passage_label
+
+    cited = [s for s in citer.span_dicts(spans, prepared.passages) if "page" in s]
+    if not cited:
+        return
+    console.print("[bold]Copied from[/]")
+    for span in cited:
+        n = span["origin"]["source"]
+        where = printable(passage_label(n, prepared.passages[n]))
+        if span.get("boxes"):
+            where += f" · {len(span['boxes'])} box(es) on the page"
+        text = printable(" ".join(span["text"].split()))
+        console.print(f" \"{escape(text[:80])}\" ← {escape(where)}")
 
 
 COMMANDS = [ask]

@@ -25,6 +25,7 @@ Contract of `ingest_paths(paths, store, ...)`:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -36,6 +37,7 @@ from typing import Literal
 import numpy as np
 
 from ragspec.retrieval.errors import LoadError, RetrievalError, type_name
+from ragspec.retrieval.layouts import layout_dir, missing_layout, save_layouts
 from ragspec.retrieval.limits import ENV_FOR, IngestLimits
 from ragspec.retrieval.loaders import SUPPORTED_SUFFIXES, load_bytes
 from ragspec.retrieval.passages import PassageDraft, SplitConfig, split_documents
@@ -195,16 +197,21 @@ def _prepare(shown: str, path: Path, store: PassageStore, limits: IngestLimits,
     source = str(path.resolve())
     existing = store.document_for_source(source)
     if existing is not None and existing.sha256 == sha256:
+        if missing_layout(layout_dir(store), sha256, path):  # ingested before layouts existed
+            with contextlib.suppress(LoadError):  # still unchanged: it just shows no boxes
+                save_layouts(layout_dir(store), sha256, load_bytes(data, path, limits))
         return None
-    drafts, encoding = _passages(data, path, store.embedder, limits, split)
+    docs, drafts, encoding = _passages(data, path, store.embedder, limits, split)
+    save_layouts(layout_dir(store), sha256, docs)  # PDF character boxes, for the source view
     vectors = _embed(store.embedder, drafts, on_passages)
     return _Prepared(shown, source, sha256, len(data), drafts, vectors,
                      "updated" if existing is not None else "added", encoding)
 
 
 def _passages(data: bytes, path: Path, embedder: PassageEmbedder, limits: IngestLimits,
-              split: SplitConfig | None) -> tuple[list[PassageDraft], str | None]:
-    """The file's passages, and the encoding its text was read in (None: UTF-8)."""
+              split: SplitConfig | None) -> tuple[list, list[PassageDraft], str | None]:
+    """The file's loaded pages, its passages, and the encoding its text was read in (None:
+    UTF-8)."""
     try:
         docs = load_bytes(data, path, limits)
         drafts = split_documents(docs, embedder, split)
@@ -217,7 +224,7 @@ def _passages(data: bytes, path: Path, embedder: PassageEmbedder, limits: Ingest
         raise LoadError(f"cannot parse the file ({type_name(exc)}: {exc})") from exc
     if not drafts:
         raise LoadError("no extractable text")
-    return drafts, docs[0].metadata.get("encoding")
+    return docs, drafts, docs[0].metadata.get("encoding")
 
 
 def _embed(embedder: PassageEmbedder, drafts: list[PassageDraft],

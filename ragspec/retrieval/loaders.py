@@ -10,10 +10,12 @@ text raises `LoadError` with a sentence a user can act on; the limits in `Ingest
 characters, inflated sizes) are LoadErrors too.
 
 Per type:
-- .pdf: pypdf, one Document per page; pages without text are dropped but keep their numbers; a
-  page without text but with pictures is read by OCR when it is on (images.py, ocr.py: its
-  Document has `ocr` True and `ocr_words`, the word boxes); a PDF without any text is an error.
-  The page count is checked before any page is read.
+- .pdf: PDFium's text layer (pdf_text.py), one Document per page; pages without text are
+  dropped but keep their numbers; a page without text but with pictures is read by OCR when it
+  is on (images.py, ocr.py: its Document has `ocr` True and `ocr_words`, the word boxes); a PDF
+  without any text is an error. The page count is checked before any page is read. Each page
+  read from the text layer also holds `layout` in its metadata: its `PdfPage`, whose boxes give
+  every character of `page_content` its place on the page.
 - .png, .jpg, .jpeg, .tif, .tiff: OCR, one Document per frame (images.py).
 - .txt, .md, .markdown: UTF-8, or the encoding a byte-order mark or charset-normalizer finds
   (see encoding.py; a BOM is dropped; line ends become "\\n"); a file not in UTF-8 has the
@@ -42,12 +44,13 @@ from langchain_core.documents import Document
 from ragspec.retrieval.docx_text import docx_text
 from ragspec.retrieval.ebooks import epub_pages
 from ragspec.retrieval.encoding import decode_text
-from ragspec.retrieval.errors import LoadError, type_name
+from ragspec.retrieval.errors import LoadError
 from ragspec.retrieval.html_text import html_text
 from ragspec.retrieval.images import IMAGE_SUFFIXES, image_pages, pdf_scanned_pages, scanned
-from ragspec.retrieval.limits import ENV_FOR, IngestLimits, TextBuffer, too_many_chars
+from ragspec.retrieval.limits import IngestLimits, too_many_chars
 from ragspec.retrieval.ocr import OcrSettings, missing
 from ragspec.retrieval.opendoc import odf_pages
+from ragspec.retrieval.pdf_text import PdfPage, read_pdf
 from ragspec.retrieval.sheets import csv_pages, xlsx_pages
 from ragspec.retrieval.slides import pptx_pages
 
@@ -100,8 +103,9 @@ def load_bytes(
     if suffix not in SUPPORTED_SUFFIXES:
         raise LoadError(unsupported_message(name))
     encoding = None
+    layouts: dict[int, PdfPage] = {}
     if suffix == ".pdf":
-        pages = _load_pdf(data, limits)
+        pages, layouts = _load_pdf(data, limits)
     elif suffix in (".html", ".htm"):
         pages = [(None, _checked_text(html_text(data, limits)))]
     elif suffix == ".docx":
@@ -117,6 +121,9 @@ def load_bytes(
     docs = [Document(page_content=text,
                      metadata={"source": str(name), "page": page, **extra, **dict(*more)})
             for page, text, *more in pages if text.strip()]
+    for doc in docs:
+        if doc.metadata["page"] in layouts:
+            doc.metadata["layout"] = layouts[doc.metadata["page"]]
     if not docs:
         raise LoadError("no extractable text: the file contains no words")
     return docs
@@ -139,39 +146,12 @@ def _checked_text(text: str) -> str:
     return text
 
 
-def _load_pdf(data: bytes, limits: IngestLimits) -> list[tuple[int, str]]:
-    from pypdf import PdfReader
-    from pypdf.errors import FileNotDecryptedError, PdfReadError, PdfStreamError, WrongPasswordError
-
-    try:
-        with _quiet("pypdf"):
-            reader = PdfReader(io.BytesIO(data))
-            if len(reader.pages) > limits.max_pdf_pages:
-                raise LoadError(
-                    f"the PDF has {len(reader.pages):,} pages, over the limit of "
-                    f"{limits.max_pdf_pages:,}; split it, or raise the limit with "
-                    f"{ENV_FOR['max_pdf_pages']}"
-                )
-            buffer = TextBuffer(limits.max_chars)
-            pages = []
-            for number, page in enumerate(reader.pages, start=1):
-                text = page.extract_text()
-                buffer.add(text)  # counts the characters; the pages themselves are kept
-                pages.append((number, text))
-            pictured = scanned(reader, pages)  # pages without text but with pictures: OCR
-    except LoadError:
-        raise
-    except (FileNotDecryptedError, WrongPasswordError) as exc:
-        raise LoadError(
-            "the PDF is encrypted (password protected); save an unprotected copy "
-            "(e.g. `qpdf --decrypt in.pdf out.pdf`) and ingest that"
-        ) from exc
-    except (PdfReadError, PdfStreamError) as exc:
-        raise LoadError(f"not a readable PDF (damaged or truncated?): {exc}") from exc
-    except Exception as exc:  # noqa: BLE001
-        # pypdf raises many unrelated types on malformed files (ValueError, KeyError,
-        # AttributeError, ...); any of them means "this PDF is broken", said in PDF terms.
-        raise LoadError(f"not a readable PDF (damaged?): {type_name(exc)}: {exc}") from exc
+def _load_pdf(data: bytes, limits: IngestLimits) -> tuple[list, dict[int, PdfPage]]:
+    """(pages as (number, text[, metadata]), the text layer's PdfPage of each page that has text)."""
+    layers = read_pdf(data, limits)
+    pages: list = [(page.number, page.text) for page in layers]
+    layouts = {page.number: page for page in layers if page.text.strip()}
+    pictured = _pictured(data, pages) if len(layouts) < len(layers) else []
     pages = _ocr_pdf(data, pages, pictured)
     if not any(text.strip() for _, text, *_ in pages):
         settings = OcrSettings.from_env()
@@ -183,6 +163,18 @@ def _load_pdf(data: bytes, limits: IngestLimits) -> list[tuple[int, str]]:
             why = missing(settings) or "OCR found no words on them"
         raise LoadError(f"no extractable text in {len(pages)} page(s): the PDF has no text "
                         f"layer (scanned images?); {why}")
+    return pages, layouts
+
+
+def _pictured(data: bytes, pages: list[tuple[int, str]]) -> list[int]:
+    """The pages without text that draw a picture (OCR can read them); none if pypdf cannot tell."""
+    from pypdf import PdfReader
+
+    try:
+        with _quiet("pypdf"):
+            return scanned(PdfReader(io.BytesIO(data)), pages)
+    except Exception:  # noqa: BLE001 - pypdf raises many types on files PDFium reads; no OCR then
+        return []
     return pages
 
 

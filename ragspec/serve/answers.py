@@ -13,7 +13,9 @@ Contract:
     scheduler a 503 (ragspec.serve.errors).
   * `extension(job, request)` is the top-level `ragspec` object: `passages` (as `ask --json`
     lists them, with the character ranges the answer copied), `spans` (Span.to_dict: text,
-    drafted, and for drafts the origin: passage index and character range), `stats`, and for
+    drafted, and for drafts the origin: passage index and character range; a span copied from
+    a passage also its `page`, and from a PDF its `page_size`, `rotation` and `boxes`, as
+    ragspec.citations gives them), `stats`, and for
     retrieval ids `refused` and `standalone_question`. Nothing is re-derived here.
 """
 
@@ -23,6 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ragspec.citations import Citer
 from ragspec.decoding.model import chat_prompt_ids
 from ragspec.decoding.scheduler import QueueFull, Request, Scheduler, SchedulerClosed
 from ragspec.decoding.types import GenerationConfig, SourceRegion
@@ -194,7 +197,8 @@ class Service:
                     "best_score": job.refusal.best_score, "min_score": job.refusal.min_score,
                     "standalone_question": job.refusal.standalone_question, "stats": None}
         spans = list(request.spans) if request is not None else []
-        out = {"spans": [s.to_dict() for s in spans],
+        out = {"spans": ([s.to_dict() for s in spans] if job.prepared is None else
+                         Citer(self.stores[job.model]).span_dicts(spans, job.prepared.passages)),
                "stats": request.stats.to_dict() if request is not None and request.stats
                else None}
         if job.retrieval:

@@ -37,7 +37,8 @@ from ragspec.accounts import policy
 from ragspec.decoding.model import ModelNotFound
 from ragspec.decoding.scheduler import scheduler_for
 from ragspec.decoding.types import DraftConfig, GenerationConfig, SamplingConfig
-from ragspec.pipeline import PipelineConfig, pipeline_for
+from ragspec.pipeline import PipelineConfig
+from ragspec.remote import pipeline_for
 from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS, retrieve
 from ragspec.web import chats as ch
 from ragspec.web.answer_queue import Turn, TurnQueue

@@ -2,7 +2,8 @@
 
 Contract: `chat_markdown(chat)` takes a chat dict as ragspec.web.chats stores it and returns Markdown.
 Answers are quoted as written; each answer is followed by its passages, numbered as the answer
-cites them ([1], [2], ...), with file name, page and the passage text as a block quote. A
+cites them ([1], [2], ...), with file name, page and the passage text as a block quote, after a
+list of the spans the answer copied, each with its passage number, file name and page. A
 side-by-side answer exports its last run (speculation on), which is the one the chat shows
 with provenance. Stopped, failed and interrupted answers say so, and so do answers that ended
 because they started repeating themselves or reached the length limit.
@@ -10,7 +11,7 @@ because they started repeating themselves or reached the length limit.
 
 from __future__ import annotations
 
-from ragspec.describe import source_label, stop_note
+from ragspec.describe import PASSAGE, draft_source, passage_label, source_label, stop_note
 from ragspec.search import NOT_IN_DOCUMENTS
 from ragspec.web.chats import answer_record
 
@@ -38,11 +39,31 @@ def _answer(message: dict) -> list[str]:
         out.append(note.format(error=record["error"] or "unknown error"))
     elif record["runs"] and stop_note(record["runs"][-1]["stats"].stop_reason):
         out.append(f"*({stop_note(record['runs'][-1]['stats'].stop_reason)})*")
+    copied = _copied(record)
+    if copied:
+        out.append("**Copied from the documents**")
+        out.append("\n".join(copied))
     if record["passages"]:
         out.append("**Passages**")
         for i, passage in enumerate(record["passages"]):
             out.append(f"[{i + 1}] {source_label(passage)}\n\n{_quote(passage.text)}")
     return out
+
+
+def _copied(record: dict) -> list[str]:
+    """One line per span of the answer copied from a passage: the words, then where they are."""
+    if not record["runs"]:
+        return []
+    passages = record["passages"]
+    lines = []
+    for span in record["runs"][-1]["spans"]:
+        o = span.origin
+        if (draft_source(span) != PASSAGE or not isinstance(o.source, int)
+                or not 0 <= o.source < len(passages) or not span.text.strip()):
+            continue
+        words = " ".join(span.text.split()).replace("`", "'")
+        lines.append(f"- `{words}` ({passage_label(o.source, passages[o.source])})")
+    return lines
 
 
 def chat_markdown(chat: dict) -> str:

@@ -1,0 +1,144 @@
+"""PDF text with the box of every character, from PDFium's own text layer (pypdfium2).
+
+Contract: `read_pdf(data, limits)` returns one `PdfPage` per page (numbers from 1), such that for
+every page `p`:
+  * `p.text` is the page's text as PDFium reads it, with line ends as "\\n" (PDFium's "\\r\\n"),
+    PDFium's end-of-line hyphen marker as "-", ligature glyphs (U+FB00..U+FB06: "ﬁ", "ﬂ", ...)
+    spelled out in their letters, and NULs and other control characters PDFium emits for
+    glyphs it cannot map dropped;
+  * `p.boxes[i]` is the box of `p.text[i]` as [x0, y0, x1, y1] in PDF user space (points, origin
+    at the page's bottom left, before the page's /Rotate), or NaNs where the character has no
+    glyph of its own on the page: whitespace, line ends PDFium generated, characters it made up.
+    The letters of a ligature share the ligature glyph's box. So for any range [a, b) of
+    `p.text`, the finite boxes of `p.boxes[a:b]` are exactly the glyphs of those characters:
+    never a box on other words;
+  * `p.size` is the page's (width, height) in points, unrotated, and `p.rotation` its /Rotate
+    (0, 90, 180, 270).
+The page count is checked against `limits.max_pdf_pages` before any page is read, and the text
+against `limits.max_chars` as it grows. An encrypted PDF (a password is needed to open it) and
+a damaged one raise LoadError with a sentence a user can act on; a PDF whose pages hold no text
+is the caller's to judge (loaders.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+
+from ragspec.retrieval.errors import LoadError
+from ragspec.retrieval.limits import ENV_FOR, IngestLimits, TextBuffer
+
+_NAN4 = (math.nan, math.nan, math.nan, math.nan)
+# PDFium marks a hyphen it found at a line end (a word broken across lines) with U+0002.
+_PDFIUM_HYPHEN = 0x02
+
+
+@dataclass(frozen=True)
+class PdfPage:
+    """One page: text, a (len(text), 4) float32 array of character boxes, size, rotation."""
+
+    number: int
+    text: str
+    boxes: np.ndarray
+    size: tuple[float, float]
+    rotation: int = 0
+
+    def __post_init__(self) -> None:
+        if self.number < 1:
+            raise ValueError(f"page numbers count from 1, got {self.number}")
+        if self.boxes.shape != (len(self.text), 4):
+            raise ValueError(f"page {self.number}: {self.boxes.shape[0]} boxes for "
+                             f"{len(self.text)} characters; there must be one per character")
+        if self.rotation not in (0, 90, 180, 270):
+            raise ValueError(f"page {self.number}: rotation {self.rotation} is not a quarter turn")
+
+
+def read_pdf(data: bytes, limits: IngestLimits) -> list[PdfPage]:
+    """Every page's text and boxes (see the module docstring); raises LoadError."""
+    import pypdfium2 as pdfium
+
+    try:
+        pdf = pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as exc:
+        if "password" in str(exc).lower():
+            raise LoadError(
+                "the PDF is encrypted (password protected); save an unprotected copy "
+                "(e.g. `qpdf --decrypt in.pdf out.pdf`) and ingest that"
+            ) from exc
+        raise LoadError(f"not a readable PDF (damaged or truncated?): {exc}") from exc
+    try:
+        count = len(pdf)
+        if count > limits.max_pdf_pages:
+            raise LoadError(
+                f"the PDF has {count:,} pages, over the limit of {limits.max_pdf_pages:,}; "
+                f"split it, or raise the limit with {ENV_FOR['max_pdf_pages']}"
+            )
+        buffer = TextBuffer(limits.max_chars)
+        pages = []
+        for index in range(count):
+            page = _read_page(pdf, index)
+            buffer.add(page.text)  # counts the characters; the pages themselves are kept
+            pages.append(page)
+        return pages
+    except pdfium.PdfiumError as exc:
+        raise LoadError(f"not a readable PDF (damaged?): {exc}") from exc
+    finally:
+        pdf.close()
+
+
+def _read_page(pdf, index: int) -> PdfPage:
+    import pypdfium2.raw as raw
+
+    page = pdf[index]
+    try:
+        width, height = page.get_size()
+        rotation = page.get_rotation()
+        if rotation in (90, 270):  # get_size() is the rotated size; boxes are unrotated
+            width, height = height, width
+        textpage = page.get_textpage()
+        try:
+            text, boxes = _characters(raw, textpage.raw)
+        finally:
+            textpage.close()
+    finally:
+        page.close()
+    array = np.array(boxes, dtype=np.float32).reshape(len(text), 4)
+    return PdfPage(index + 1, text, array, (float(width), float(height)), rotation)
+
+
+def _characters(raw, textpage) -> tuple[str, list[tuple[float, float, float, float]]]:
+    """One pass over PDFium's characters: the text and one box (or NaNs) per character."""
+    out: list[str] = []
+    boxes: list[tuple[float, float, float, float]] = []
+    left, right = ctypes.c_double(), ctypes.c_double()
+    bottom, top = ctypes.c_double(), ctypes.c_double()
+    count = raw.FPDFText_CountChars(textpage)
+    for i in range(count):
+        code = raw.FPDFText_GetUnicode(textpage, i)
+        if code == 0x0D:
+            # PDFium ends lines with "\r\n" (both generated): keep one "\n".
+            if i + 1 < count and raw.FPDFText_GetUnicode(textpage, i + 1) == 0x0A:
+                continue
+            code = 0x0A
+        if code == _PDFIUM_HYPHEN:
+            code = ord("-")
+        if code in (0x09, 0x0A):
+            chars = chr(code)
+        elif code < 0x20 or code == 0x7F or 0xD800 <= code <= 0xDFFF or code > 0x10FFFF:
+            continue  # a glyph PDFium could not map to text: nothing a reader would copy
+        elif 0xFB00 <= code <= 0xFB06:
+            chars = unicodedata.normalize("NFKC", chr(code))
+        else:
+            chars = chr(code)
+        box = _NAN4
+        if (not chars.isspace() and not raw.FPDFText_IsGenerated(textpage, i)
+                and raw.FPDFText_GetCharBox(textpage, i, left, right, bottom, top)
+                and right.value > left.value and top.value > bottom.value):
+            box = (left.value, bottom.value, right.value, top.value)
+        out.append(chars)
+        boxes.extend([box] * len(chars))
+    return "".join(out), boxes
