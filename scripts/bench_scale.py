@@ -494,6 +494,59 @@ def search(texts_path, sizes, names, repeats, json_out, child) -> None:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def _dense_child(texts_path: Path, n: int, repeats: int) -> dict:
+    """The FAISS folder store's dense search alone (faiss_ann.py) over n vectors: build, latency
+    approximate vs exact, recall@10 against exact."""
+    import faiss
+
+    from ragspec.retrieval.faiss_ann import ApproxIndex
+
+    saved = np.load(_vectors_path(texts_path))
+    base, queries = saved["base"], saved["queries"].astype(np.float32)
+    out: dict = {"component": "faiss-dense", "passages": n}
+    started = time.perf_counter()
+    flat = faiss.IndexFlatIP(base.shape[1])
+    for doc in range((n + PASSAGES_PER_DOC - 1) // PASSAGES_PER_DOC):
+        flat.add(_doc_vectors(base, doc, min(PASSAGES_PER_DOC, n - doc * PASSAGES_PER_DOC)))
+    out["flat_add_s"] = round(time.perf_counter() - started, 2)
+    approx = ApproxIndex()
+    started = time.perf_counter()
+    approx.search(flat, queries[0], K)  # trains the lists and fills them
+    out["approx_build_s"] = round(time.perf_counter() - started, 2)
+    with timing(out, "timing"):
+        for name, search in (
+                ("approx_k5", lambda q: approx.search(flat, q, K)),
+                ("approx_k50", lambda q: approx.search(flat, q, 50)),
+                ("exact_k5", lambda q: flat.search(q.reshape(1, -1), K))):
+            timed = []
+            for _ in range(repeats if name != "exact_k5" else 1):
+                for q in queries:
+                    t = time.perf_counter()
+                    search(q)
+                    timed.append(time.perf_counter() - t)
+            out[name] = percentiles(timed)
+    _, exact = flat.search(queries, 10)
+    found = [{row for row, _ in approx.search(flat, q, 10)} for q in queries]
+    out["recall_at_10"] = round(float(np.mean(
+        [len(f & set(e.tolist())) / 10 for f, e in zip(found, exact, strict=True)])), 4)
+    out["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    return out
+
+
+@main.command()
+@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+              required=True)
+@click.option("--n", type=int, default=1_000_000, show_default=True)
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+def dense(texts_path, n, repeats, json_out) -> None:
+    """Dense search alone at n passages: the approximate FAISS index against exact search."""
+    result = _dense_child(texts_path, n, repeats)
+    click.echo(json.dumps(result))
+    if json_out:
+        json_out.write_text(json.dumps([result], indent=2) + "\n")
+
+
 @main.command()
 @click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def table(files) -> None:
