@@ -554,24 +554,39 @@ def table(files) -> None:
     rows = [r for f in files for r in json.loads(f.read_text())]
     stores = sorted((r for r in rows if "backend" in r),
                     key=lambda r: (r["passages"], r["backend"]))
+
+    def ms(d: dict) -> str:
+        return f"{d['p50_ms']:.1f} / {d['p95_ms']:.1f} / {d['p99_ms']:.1f}"
+
+    def load(r: dict) -> str:
+        t = r.get("timing", {})
+        return f"{t['load_start']:.0f}-{t['load_end']:.0f}" if t else "?"
+
     if stores:
-        click.echo("| passages | backend | dense p50 / p95 ms | hybrid p50 / p95 ms | ingest "
-                   "passages/s (commits) | open s | peak RSS MiB | disk MiB |")
-        click.echo("|---|---|---|---|---|---|---|---|")
+        click.echo("| passages | backend | dense p50 / p95 / p99 ms | hybrid p50 / p95 / p99 ms | "
+                   "recall@10 | ingest passages/s (commits) | open s | peak RSS MiB | load |")
+        click.echo("|---|---|---|---|---|---|---|---|---|")
         for r in stores:
-            d, h = r["dense"], r["hybrid"]
-            click.echo(f"| {r['passages']:,} | {r['backend']} | {d['p50_ms']:.1f} / "
-                       f"{d['p95_ms']:.1f} | {h['p50_ms']:.1f} / {h['p95_ms']:.1f} | "
+            click.echo(f"| {r['passages']:,} | {r['backend']} | {ms(r['dense'])} | "
+                       f"{ms(r['hybrid'])} | {r.get('recall_at_10', float('nan')):.3f} | "
                        f"{r['ingest_passages_per_s']:,.0f} ({r['commits']}) | {r['open_s']:.1f} "
-                       f"| {r['peak_rss_mb']:,.0f} | {r['disk_mb']:,.0f} |")
+                       f"| {r['peak_rss_mb']:,.0f} | {load(r)} |")
+    for r in (r for r in rows if r.get("component") == "faiss-dense"):
+        click.echo(f"\n| passages | approximate k=5 p50 / p95 / p99 ms | k=50 | exact k=5 | "
+                   f"recall@10 | build s | peak RSS MiB | load |\n|---|---|---|---|---|---|---|---|"
+                   f"\n| {r['passages']:,} | {ms(r['approx_k5'])} | {ms(r['approx_k50'])} | "
+                   f"{ms(r['exact_k5'])} | {r['recall_at_10']:.3f} | {r['approx_build_s']:.0f} | "
+                   f"{r['peak_rss_mb']:,.0f} | {load(r)} |")
     keywords = sorted((r for r in rows if "impl" in r), key=lambda r: (r["passages"], r["impl"]))
     if keywords:
-        click.echo("\n| passages | BM25 | top-50 p50 / p95 ms | build s | peak RSS MiB |")
-        click.echo("|---|---|---|---|---|")
+        click.echo("\n| passages | BM25 | top-50 p50 / p95 / p99 ms | exhaustive, same run | "
+                   "differ | build s | peak RSS MiB | load |")
+        click.echo("|---|---|---|---|---|---|---|---|")
         for r in keywords:
-            click.echo(f"| {r['passages']:,} | {r['impl']} | {r['p50_ms']:.2f} / "
-                       f"{r['p95_ms']:.2f} | {r['build_and_first_search_s']:.1f} | "
-                       f"{r['peak_rss_mb']:,.0f} |")
+            ex = ms(r["exhaustive"]) if "exhaustive" in r else "—"
+            click.echo(f"| {r['passages']:,} | {r['impl']} | {ms(r)} | {ex} | "
+                       f"{r.get('differ', '—')} | {r['build_and_first_search_s']:.1f} | "
+                       f"{r['peak_rss_mb']:,.0f} | {load(r)} |")
 
 
 if __name__ == "__main__":
