@@ -103,10 +103,16 @@ class BM25Index:
         counts = Counter(tokenize(text))
         row = len(self._pids)
         terms, rows, tfs = self._pending
-        for token, tf in counts.items():
-            terms.append(self._vocabulary.setdefault(token, len(self._vocabulary)))
-            rows.append(row)
-            tfs.append(tf)
+        # Whole lists per passage, not three appends per token: this loop is most of ingest.
+        tokens = list(counts)
+        ids = list(map(self._vocabulary.get, tokens, [-1] * len(tokens)))
+        if -1 in ids:  # new words get the next ids, in the order they appear
+            for i, token in enumerate(tokens):
+                if ids[i] == -1:
+                    ids[i] = self._vocabulary.setdefault(token, len(self._vocabulary))
+        terms.extend(ids)
+        rows.extend([row] * len(ids))
+        tfs.extend(counts.values())
         self._append_row(pid, sum(counts.values()), len(counts))
         self._postings += len(counts)
         if len(terms) >= _SEAL_POSTINGS:

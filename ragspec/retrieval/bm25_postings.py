@@ -54,7 +54,8 @@ class Segment:
 
     def find(self, term: int) -> int | None:
         """The term's place in `terms`, or None when this segment does not hold it."""
-        i = int(np.searchsorted(self.terms, term))
+        # An int32 needle: a Python int would make numpy cast the whole (int32) array first.
+        i = int(np.searchsorted(self.terms, np.int32(term)))
         return i if i < len(self.terms) and self.terms[i] == term else None
 
     def postings(self, term: int) -> tuple[np.ndarray, np.ndarray] | None:
