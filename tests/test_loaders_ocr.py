@@ -137,3 +137,13 @@ def test_a_huge_picture_is_refused_before_it_is_decoded(monkeypatch, side, reaso
 
     peak = _peak_mib(load)
     assert peak < 8 and time.perf_counter() - start < 5, f"{peak:.0f} MiB"
+
+
+def test_ingest_no_ocr_turns_it_off_for_that_command_only(page, run, tmp_path):
+    image, _ = page
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    (tmp_path / "scan.png").write_bytes(out.getvalue())
+    result = run("ingest", "--no-ocr", str(tmp_path / "scan.png"))
+    assert result.exit_code == 1 and "OCR is turned off" in result.output, result.output
+    assert ocr.OcrSettings.from_env().enabled  # the switch did not outlive the command

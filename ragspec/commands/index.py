@@ -8,7 +8,6 @@ status: 0 on success, 1 when some input failed (each failure is named), 2 on bad
 from __future__ import annotations
 
 import json
-import os
 import sys
 import textwrap
 from dataclasses import asdict
@@ -106,18 +105,19 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_s
     from ragspec.retrieval.ingest import ingest_paths
     from ragspec.retrieval.limits import IngestLimits
 
-    if not ocr:
-        os.environ["RAGSPEC_OCR"] = "0"  # read by the loaders of this process
     try:
         limits = IngestLimits.from_env()
         ocr_settings.OcrSettings.from_env()
     except ValueError as exc:  # a RAGSPEC_MAX_* or RAGSPEC_OCR_* setting out of range
         raise click.ClickException(str(exc)) from exc
-    ocr_settings.on_page.set(
-        lambda done, total, seconds: click.echo(f"OCR: page {done}/{total} ({seconds:.1f} s)",
-                                                err=True))
     store = open_store(index)
     bar = _ProgressBar()
+    # For this command only (the chat's uploads run in the same process, with their defaults).
+    switches = [(ocr_settings.on_page, ocr_settings.on_page.set(
+        lambda done, total, seconds: click.echo(f"OCR: page {done}/{total} ({seconds:.1f} s)",
+                                                err=True)))]
+    if not ocr:
+        switches.append((ocr_settings.turned_off, ocr_settings.turned_off.set(True)))
     try:
         report = ingest_paths(
             list(paths_), store, recursive=recursive, progress=bar, limits=limits,
@@ -128,6 +128,8 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_s
         raise click.ClickException(printable(str(exc))) from exc
     finally:
         bar.close()
+        for variable, token in reversed(switches):
+            variable.reset(token)
     if as_json:
         click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
     else:

@@ -14,7 +14,8 @@ mark copied words on the scanned page. The words are exactly the text's words, i
                          its data package (Debian: tesseract-ocr-deu)
 
 `on_page`, a context variable, may hold a callable(done, total, seconds) that hears of every
-page recognised (the ingest progress line). Tesseract is given a time limit per page.
+page recognised (the ingest progress line); `turned_off`, another, set True turns OCR off for
+one command (`ragspec ingest --no-ocr`). Tesseract is given a time limit per page.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ MAX_PIXELS = 60_000_000
 
 on_page: contextvars.ContextVar[Callable[[int, int, float], None] | None] = \
     contextvars.ContextVar("on_page", default=None)
+# True turns OCR off in this context whatever RAGSPEC_OCR says (`ragspec ingest --no-ocr`).
+turned_off: contextvars.ContextVar[bool] = contextvars.ContextVar("turned_off", default=False)
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class OcrSettings:
             max_pages = int(raw) if raw else cls.max_pages
         except ValueError:
             raise ValueError(f"RAGSPEC_OCR_MAX_PAGES={raw!r} is not a whole number") from None
-        return cls(enabled=os.environ.get("RAGSPEC_OCR", "1").strip().lower() not in _OFF,
+        on = os.environ.get("RAGSPEC_OCR", "1").strip().lower() not in _OFF
+        return cls(enabled=on and not turned_off.get(),
                    max_pages=max_pages,
                    languages=os.environ.get("RAGSPEC_OCR_LANG") or cls.languages)
 
