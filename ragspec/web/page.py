@@ -37,7 +37,7 @@ import streamlit as st
 
 from ragspec import paths
 from ragspec.accounts import policy
-from ragspec.web import answering, signin
+from ragspec.web import answering, signin, source_panel
 from ragspec.web import model_choice as ui_models
 from ragspec.web import page_html as rd
 from ragspec.web import parts as parts
@@ -126,18 +126,34 @@ if store is not None and store.passage_count() == 0:
     st.info("No documents yet. Upload files in the sidebar (PDF, text, Markdown, HTML, Word), "
             "or run `ragspec ingest PATH...` in a terminal, then ask a question.")
 
-for i, message in enumerate(chat["messages"] if chat else []):
-    if job is not None and i == job.message_index:
-        continue  # the answer being written: shown live below
-    with st.chat_message(message["role"]):
-        if message["role"] == "user":
-            parts.show_question(message.get("content", ""))
-        else:
-            parts.show_answer(answer_record(message))
+# A source opened from an answer (a link in the address) sits beside the chat.
+opened = source_panel.requested() if chat is not None and store is not None else None
+chat_column, source_column = st.columns([3, 2]) if opened else (st.container(), None)
 
-if job is not None:
-    with st.chat_message("assistant"):
-        parts.live_answer(chat_id)
+with chat_column:
+    for i, message in enumerate(chat["messages"] if chat else []):
+        if job is not None and i == job.message_index:
+            continue  # the answer being written: shown live below
+        with st.chat_message(message["role"]):
+            if message["role"] == "user":
+                parts.show_question(message.get("content", ""))
+            else:
+                parts.show_answer(answer_record(message), href=functools.partial(
+                    source_panel.href, chat_id, i))
+
+    if job is not None:
+        with st.chat_message("assistant"):
+            parts.live_answer(chat_id)
+
+if opened:
+    message_index, passage_index, page_number = opened
+    messages = chat["messages"]
+    with source_column:
+        record = (answer_record(messages[message_index])
+                  if 0 <= message_index < len(messages)
+                  and messages[message_index]["role"] == "assistant" else None)
+        source_panel.show(store, chat_id, record, passage=passage_index,
+                          message=message_index, page=page_number)
 
 if question := st.chat_input("Ask a question about your documents", disabled=job is not None):
     if not question.strip():

@@ -24,7 +24,7 @@ repeat from (ragspec.describe.draft_source).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ragspec.describe import PASSAGE, draft_source, merge_ranges, passage_label
 from ragspec.terminal import printable
@@ -47,6 +47,7 @@ mark.rs-quote {{ background: {QUOTE_COLOUR}; padding: 0 1px; border-radius: 3px;
 .rs-answer, .rs-passage {{ line-height: 1.6; }}
 .rs-passage {{ font-size: 0.9em; border-left: 3px solid #ddd; padding-left: 0.6em; }}
 .rs-legend {{ font-size: 0.85em; color: #555; }}
+a.rs-open {{ color: inherit; text-decoration: none; }}
 </style>"""
 
 
@@ -106,8 +107,10 @@ def span_title(span, passages: Sequence = ()) -> str:
             f"not a source")
 
 
-def spans_html(spans: Iterable, passages: Sequence = ()) -> str:
-    """The answer as one HTML line: drafted spans marked, with provenance on hover."""
+def spans_html(spans: Iterable, passages: Sequence = (),
+               href: Callable[[int], str] | None = None) -> str:
+    """The answer as one HTML line: drafted spans marked, with provenance on hover; with
+    `href` (passage index -> address), a span copied from a passage links to its source view."""
     out = []
     for span in spans:
         inner = escape_text(span.text)
@@ -117,6 +120,11 @@ def spans_html(spans: Iterable, passages: Sequence = ()) -> str:
         if source is not None:
             inner = _mark(inner, span_title(span, passages),
                           "draft" if source == PASSAGE else "echo")
+            o = span.origin
+            if (href is not None and source == PASSAGE and isinstance(o.source, int)
+                    and 0 <= o.source < len(passages)):
+                inner = (f'<a class="rs-open" href="{escape_text(href(o.source))}" '
+                         f'target="_self">{inner}</a>')
         elif getattr(span, "quoted", False):
             inner = _mark(inner, quote_title(span, passages), "quote")
         out.append(inner)

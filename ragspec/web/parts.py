@@ -44,8 +44,9 @@ _INTERRUPTED = ("This answer was interrupted (the server stopped while it was be
                 "what was written is kept.")
 
 
-def show_answer(record: dict) -> None:
-    """A saved answer: its run(s), stats, identity mark, provenance, passages, and status."""
+def show_answer(record: dict, href=None) -> None:
+    """A saved answer: its run(s), stats, identity mark, provenance, passages, and status.
+    href: passage index -> the address of its source view (copied spans and passages link)."""
     status, runs = record["status"], record["runs"]
     if status == "failed":
         st.error(md(record["error"] or "The answer failed."))
@@ -66,7 +67,7 @@ def show_answer(record: dict) -> None:
         with col:
             if len(runs) > 1:
                 st.subheader(run["label"])
-            st.markdown(rd.spans_html(run["spans"], passages), unsafe_allow_html=True)
+            st.markdown(rd.spans_html(run["spans"], passages, href), unsafe_allow_html=True)
             show_stats(run, runs[0] if len(runs) > 1 and run is runs[-1] else None)
     note = describe.stop_note(runs[-1]["stats"].stop_reason)
     if note and status != "stopped":
@@ -77,7 +78,7 @@ def show_answer(record: dict) -> None:
         ok, message = describe.identical_verdict(runs[0]["token_ids"], runs[1]["token_ids"],
                                            record["greedy"])
         {True: st.success, False: st.error, None: st.info}[ok](message)
-    show_sources(runs[-1]["spans"], passages, record["scores"])
+    show_sources(runs[-1]["spans"], passages, record["scores"], href)
 
 
 def show_refusal(passages, scores) -> None:
@@ -126,7 +127,7 @@ def show_stats(run: dict, baseline: dict | None) -> None:
                 st.bar_chart({"accepted tokens": s.accepted_per_step}, height=160)
 
 
-def show_sources(spans, passages, scores) -> None:
+def show_sources(spans, passages, scores, href=None) -> None:
     copies = [sp for sp in spans if describe.draft_source(sp) == describe.PASSAGE]
     if any(sp.drafted for sp in spans):
         with st.expander(f"Where the highlighted spans came from ({len(copies)})"):
@@ -138,8 +139,10 @@ def show_sources(spans, passages, scores) -> None:
     with st.expander(f"Passages used ({len(passages)})"):
         for i, p in enumerate(passages):
             score = f" · score {scores[i]:.2f}" if i < len(scores) and scores[i] is not None else ""
+            link = ("" if href is None else f' · <a class="rs-open-passage" target="_self" '
+                    f'href="{rd.escape_text(href(i))}">open in the document</a>')
             st.markdown(f"<div><b>{rd.escape_text(describe.passage_label(i, p))}</b>{score} · "
-                        f"char {p.start}</div>", unsafe_allow_html=True)
+                        f"char {p.start}{link}</div>", unsafe_allow_html=True)
             st.markdown(rd.passage_html(p.text, copied.get(i, []), quoted.get(i, [])),
                         unsafe_allow_html=True)
 

@@ -1,0 +1,169 @@
+"""The source view: a cited document opened beside the answer, where the answer copied from it.
+
+Contract: the address names what is open, `?chat=ID&src=M-P` (message M of the chat, its
+passage P, both 0-based) and optionally `&page=N`, so a highlighted span or a passage in the
+list is a plain link (`href`), and reloading keeps the view. `show(store, chat_id, record, M,
+P, page)`:
+  * finds the document by the passage's doc_id in the page's own store (the signed-in user's
+    collection) and nowhere else: a chat only holds its user's answers, and an id from another
+    index, or a path, finds nothing (ragspec.source_pages.open_source);
+  * a PDF: the page rendered by PDFium, the characters the answer copied from any passage of
+    that page boxed (class rs-copied; `data-box` holds the PDF-space box), the rest of the
+    clicked passage shaded (rs-shade); says so where boxes are not known or not found; the
+    header names the file and "page N of M", with previous/next links and a download button;
+  * any other document: its text around the passage, passage shaded and copied characters
+    marked, all escaped (ragspec.web.page_html.escape_text): nothing of a document becomes
+    markup.
+"""
+
+from __future__ import annotations
+
+import base64
+from urllib.parse import quote
+
+import streamlit as st
+
+from ragspec.citations import Citer
+from ragspec.describe import copied_ranges, merge_ranges
+from ragspec.source_pages import (
+    SourceError,
+    image_rects,
+    open_source,
+    render_page,
+    text_window,
+)
+from ragspec.web import page_html as rd
+
+STYLE = """<style>
+.rs-page { position: relative; width: 100%; border: 1px solid #ccc; }
+.rs-page img { width: 100%; display: block; }
+.rs-box { position: absolute; box-sizing: border-box; pointer-events: none; }
+.rs-box.rs-copied { border: 2px solid #d9480f; background: rgba(255, 227, 138, 0.35); }
+.rs-box.rs-shade { background: rgba(70, 130, 230, 0.16); }
+.rs-source-text { font-size: 0.9em; line-height: 1.55; max-height: 70vh; overflow-y: auto; }
+.rs-source-text .rs-shade { background: #dfe9fb; }
+</style>"""
+
+
+def href(chat_id: str, message: int, passage: int, page: int | None = None) -> str:
+    out = f"?chat={quote(chat_id, safe='')}&src={message}-{passage}"
+    return out + (f"&page={page}" if page is not None else "")
+
+
+def requested() -> tuple[int, int, int | None] | None:
+    """(message, passage, page) named in the address, or None."""
+    src = st.query_params.get("src")
+    if not src:
+        return None
+    try:
+        message, passage = (int(x) for x in src.split("-", 1))
+        page = st.query_params.get("page")
+        return message, passage, int(page) if page else None
+    except ValueError:
+        return None
+
+
+def show(store, chat_id: str, record: dict | None, message: int, passage: int,
+         page: int | None) -> None:
+    st.markdown(STYLE, unsafe_allow_html=True)
+    passages = record["passages"] if record else []
+    if not 0 <= passage < len(passages):
+        st.warning("That source is not part of this chat.")
+        return
+    cited = passages[passage]
+    try:
+        source = open_source(store, cited.doc_id)
+    except SourceError as exc:
+        st.warning(rd.escape_text(str(exc), inline=True))
+        return
+    spans = record["runs"][-1]["spans"] if record["runs"] else []
+    if source.is_pdf and cited.page is not None:
+        _show_pdf(store, source, chat_id, message, passage, passages, spans, page or cited.page)
+    else:
+        _show_text(source, cited, copied_ranges(spans).get(passage, []))
+    st.download_button(f"Download {source.name}", data=source.data, file_name=source.name,
+                       key=f"download-{message}-{passage}")
+
+
+def _show_pdf(store, source, chat_id, message, passage, passages, spans, page) -> None:
+    try:
+        rendered = render_page(source, page)
+    except SourceError as exc:
+        st.warning(rd.escape_text(str(exc), inline=True))
+        return
+    links = []
+    if page > 1:
+        links.append(f'<a href="{href(chat_id, message, passage, page - 1)}" target="_self">'
+                     f'&#8592; previous page</a>')
+    if page < rendered.pages:
+        links.append(f'<a href="{href(chat_id, message, passage, page + 1)}" target="_self">'
+                     f'next page &#8594;</a>')
+    st.markdown(f'<div class="rs-source-head"><b>{rd.escape_text(source.name)}</b> · page '
+                f'{page} of {rendered.pages} &nbsp; {" · ".join(links)}</div>',
+                unsafe_allow_html=True)
+    citer = Citer(store)
+    copied, shaded, unknown = [], [], False
+    for i, ranges in copied_ranges(spans).items():
+        p = passages[i] if 0 <= i < len(passages) else None
+        if p is None or p.doc_id != source.doc_id or p.page != page:
+            continue
+        for start, end in ranges:
+            boxes = citer.locate(p, start, end).boxes
+            unknown |= boxes is None
+            copied += boxes or []
+    cited = passages[passage]
+    if cited.page == page:
+        own = copied_ranges(spans).get(passage, [])
+        for start, end in _gaps(own, len(cited.text)):
+            shaded += citer.locate(cited, start, end).boxes or []
+    boxes = ([("rs-copied", b) for b in copied] + [("rs-shade", b) for b in shaded])
+    rects = image_rects(rendered, [b for _, b in boxes])
+    image = base64.b64encode(rendered.png).decode("ascii")
+    overlay = "".join(
+        f'<div class="rs-box {kind}" data-box="{",".join(f"{v:.2f}" for v in box)}" '
+        f'style="left:{r[0] * 100:.3f}%;top:{r[1] * 100:.3f}%;width:{r[2] * 100:.3f}%;'
+        f'height:{r[3] * 100:.3f}%"></div>'
+        for (kind, box), r in zip(boxes, rects, strict=True))
+    st.markdown(f'<div class="rs-page" data-page="{page}"><img alt="page {page}" '
+                f'src="data:image/png;base64,{image}">{overlay}</div>', unsafe_allow_html=True)
+    if unknown:
+        st.caption("This index holds no character positions for this document (it was "
+                   "ingested before they were kept): run `ragspec ingest` on it again to see "
+                   "the copied words boxed.")
+    elif cited.page == page and copied_ranges(spans).get(passage) and not copied:
+        st.caption("The copied characters could not be placed on this page: shown without "
+                   "boxes.")
+
+
+def _gaps(ranges, length: int) -> list[tuple[int, int]]:
+    out, pos = [], 0
+    for start, end in merge_ranges(list(ranges)):
+        if start > pos:
+            out.append((pos, start))
+        pos = max(pos, end)
+    if pos < length:
+        out.append((pos, length))
+    return out
+
+
+def _show_text(source, cited, copied) -> None:
+    try:
+        text, begin = text_window(source, cited)
+    except (SourceError, ValueError) as exc:
+        st.warning(rd.escape_text(str(exc), inline=True))
+        return
+    st.markdown(f"<div><b>{rd.escape_text(source.name)}</b></div>", unsafe_allow_html=True)
+    start = cited.start - begin
+    end = start + len(cited.text)
+    marks = sorted((start + s, start + e) for s, e in copied)
+    out = []
+    cuts = sorted({0, start, end, len(text), *[m for r in marks for m in r]})
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        piece = rd.escape_text(text[a:b])
+        if any(s <= a and b <= e for s, e in marks):
+            piece = f'<mark class="rs-draft" style="background:{rd.DRAFT_COLOUR}">{piece}</mark>'
+        if start <= a and b <= end:
+            piece = f'<span class="rs-shade">{piece}</span>'
+        out.append(piece)
+    st.markdown(f'<div class="rs-source-text" id="rs-source">{"".join(out)}</div>',
+                unsafe_allow_html=True)
