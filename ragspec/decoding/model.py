@@ -16,6 +16,9 @@ A spec that names nothing on this machine raises ModelNotFound, a model ragspec 
 (encoder-decoder, no causal-LM head, unreadable GGUF, unknown architecture) ModelNotSupported:
 both with one line that says which and what to do.
 
+A packed model of a family ragspec.decoding.native_step covers runs its decode and verify steps
+as one native call (LoadedModel.step says which path runs, and why not native).
+
 Also decided at load time: the attention implementation (ragspec.decoding.attention.install) and whether
 the model's cache can be rolled back after a rejected draft (ragspec.decoding.cache.rollback_problem).
 When it cannot — recurrent or state-space layers — LoadedModel.speculation_off_reason says why,
@@ -64,6 +67,9 @@ class LoadedModel:
     speculation_off_reason: str | None = None
     weights: str = "fp32"  # what the linear layers run: ragspec.decoding.weights.WEIGHTS
     weights_note: str = ""  # e.g. "Q4_1 + Q8_0, 96.6 MB packed" ("" for fp32/bf16)
+    # how decode steps run: "native" (one native call, ragspec.decoding.native_step) or
+    # "modules" with why ("modules" alone for fp32/bf16, which always keep transformers' modules)
+    step: str = "modules"
 
     @property
     def speculation_note(self) -> str | None:
@@ -297,6 +303,7 @@ def _load_transformers(spec, cache_dir: Path, dev: torch.device, dtype: torch.dt
 
 def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
     """Packed weights on the native kernels (ragspec.decoding.weights)."""
+    from ragspec.decoding import native_step
     from ragspec.decoding.attention import NATIVE
     from ragspec.decoding.cache import rollback_problem, takes_cache
     from ragspec.decoding.packing import PackingError
@@ -312,6 +319,7 @@ def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
             folder, made = quantised_folder(Path(source), choice, cache_dir, on_convert)
             path, converted = str(folder), converted or made
         model, tokenizer = load_packed(Path(path))
+        not_native = native_step.install(model)
     except (PackingError, KeyError, NotImplementedError) as exc:
         raise ModelNotSupported(f"{spec or BUNDLED}: its weights cannot run packed "
                                 f"({exc.__class__.__name__}: {str(exc)[:200]}); try --weights fp32"
@@ -325,7 +333,8 @@ def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=torch.device("cpu"),
                        dtype=torch.float32, load_seconds=0.0, converted=converted,
                        attention=NATIVE, speculation_off_reason=rollback_problem(model),
-                       weights=choice, weights_note=describe(model))
+                       weights=choice, weights_note=describe(model),
+                       step="native" if not_native is None else f"modules ({not_native})")
 
 
 def chat_prompt_text(tokenizer, messages: list[dict[str, str]]) -> tuple[str, bool]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 NAME = "ragspec_kernels"
-SOURCES = ("qmatmul.cpp", "attention.cpp")
+SOURCES = ("qmatmul.cpp", "attention.cpp", "step.cpp")
 HEADERS = ("formats.h", "kernels.h", "tiled.h")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp")
 # -ffp-contract=off: only the fused multiply-adds written in the source are fused, so the
