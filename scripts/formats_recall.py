@@ -10,7 +10,12 @@ a hit is right when a top-5 passage holds the country's row. The containers are 
 (python-pptx, ebooklib, odfpy, openpyxl): no office suite is on this machine; the words are not
 ours. Uses the bundled embedder.
 
+With --scan-pages N, also the first N pages of text of a real PDF (--scan-pdf) rendered to
+pictures and put into a picture-only PDF (a scan), read back by OCR; the question is a sentence
+of the page's own text layer, and a hit is right when a top-5 passage is from that page.
+
     python scripts/formats_recall.py [--sections 40] [--countries 40] [--mode dense|hybrid]
+                                     [--scan-pages 0] [--scan-pdf PATH]
 """
 
 from __future__ import annotations
@@ -64,6 +69,28 @@ def zones() -> list[list[str]]:
     return rows
 
 
+def scan_pdf(source: str, pages: int, out: Path) -> list[tuple[int, str]]:
+    """Write a picture-only copy of `source`'s first `pages` pages of text to `out`; returns
+    (page in the copy, a sentence of that page's text layer) per page."""
+    import pypdfium2 as pdfium
+    from pypdf import PdfReader
+
+    reader = PdfReader(source)
+    document = pdfium.PdfDocument(source)
+    images, questions = [], []
+    for number, page in enumerate(reader.pages, start=1):
+        text = " ".join((page.extract_text() or "").split())
+        sentences = [s for s in re.split(r"(?<=[.!?])\s+", text) if 60 <= len(s) <= 300]
+        if not sentences:
+            continue
+        images.append(document[number - 1].render(scale=200 / 72, grayscale=True).to_pil())
+        questions.append((len(images), sentences[len(sentences) // 2]))
+        if len(images) == pages:
+            break
+    images[0].save(out, "PDF", resolution=200, save_all=True, append_images=images[1:])
+    return questions
+
+
 def main(argv=None) -> int:
     from format_fakes import epub_bytes, odp_bytes, odt_bytes, pptx_bytes, xlsx_bytes
 
@@ -75,6 +102,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", type=int, default=40)
     ap.add_argument("--countries", type=int, default=40)
     ap.add_argument("--mode", default="dense")
+    ap.add_argument("--scan-pages", type=int, default=0)
+    ap.add_argument("--scan-pdf", default="/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")
     args = ap.parse_args(argv)
     sections = tutorial_sections(args.sections)
     table = countries()
@@ -94,6 +123,8 @@ def main(argv=None) -> int:
     (folder / "tzdata.xlsx").write_bytes(xlsx_bytes({
         "Zones": [["Codes", "Coordinates", "TZ", "Comments"], *zones()],
         "Countries": [header, *table]}))
+    questions = scan_pdf(args.scan_pdf, args.scan_pages, folder / "scan.pdf") \
+        if args.scan_pages else []
     embedder = Embedder()
     stores = {}
     for path in sorted(folder.iterdir()):  # one index per file: the texts repeat across them
@@ -119,6 +150,12 @@ def main(argv=None) -> int:
                                        mode=args.mode)
             right += any(f"{code} | {country}" in h.passage.text for h in hits)
         results[name.rsplit(".", 1)[1]] = right / len(picked)
+    if questions:
+        right = 0
+        for page, sentence in questions:
+            hits = stores["scan.pdf"].search(sentence, k=5, mode=args.mode)
+            right += any(h.passage.page == page for h in hits)
+        results["scanned pdf (OCR)"] = right / len(questions)
     print(json.dumps({"mode": args.mode, "sections": len(sections), "countries": len(picked),
                       "passages": {n: st.passage_count() for n, st in stores.items()},
                       "recall_at_5": results}))
