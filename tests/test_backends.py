@@ -244,6 +244,7 @@ def test_an_auto_milvus_index_turns_approximate_past_the_threshold(tmp_path, doc
     from ragspec.retrieval import milvus_schema
 
     where = f"milvus:{tmp_path}/auto.db"
+    monkeypatch.setenv("RAGSPEC_MILVUS_INDEX", "auto")
     store = opened(where)
     ingest_paths([docs / "alpha.txt"], store)
     assert store._vector_index == "FLAT"
