@@ -44,7 +44,8 @@ def is_converted(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
 
-PACKED_SUFFIX = "-packed"
+# "-tiled": packed folders made since weights are stored tiled (an older folder is converted again)
+PACKED_SUFFIX = "-packed-tiled"
 
 
 def _hash_file(path: Path) -> str:

@@ -1,7 +1,7 @@
 """ragspec's CPU kernels, compiled on first use for the machine that runs them.
 
 Contract: `ops(cache_dir)` returns `torch.ops.ragspec` with the kernels loaded (qmatmul,
-dequantize_rows, quantize_activations, attend, has_avx2), or raises KernelsUnavailable with one
+dequantize_rows, quantize_activations, attend, has_avx2, has_tiled_kernel), or raises KernelsUnavailable with one
 line saying why (no C++ compiler, a failed build, a CPU-less torch). `available(cache_dir)` is
 the same as a bool, and `unavailable_reason()` the last reason.
 

@@ -14,6 +14,11 @@
 // row for row, bit for bit what k one-token forwards give. Tiles only share the decoding of a
 // weight group between rows (the memory traffic), never an arithmetic step.
 //
+// Layouts: weights as GGUF rows (the kernels below), or tiled, 16 rows interleaved (tiled.h),
+// which the AVX-512 VNNI kernel there multiplies 16 columns at a time; on a CPU without it a
+// tiled weight is rebuilt as rows tile by tile and runs the row kernel. Either way one column is
+// always computed by one kernel, so invariance holds for both layouts.
+//
 // Build: compiled on the machine that runs it (-march=native); without AVX2/FMA the scalar
 // code runs, with the same guarantee.
 #include <ATen/ATen.h>
