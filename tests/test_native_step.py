@@ -2,8 +2,9 @@
 
 For each family it covers, as a tiny random model packed to int8 / int4 / bf16: the logits and
 cache contents of the native step equal the module-based packed forward's (the same kernels
-under transformers' modules) within float rounding; a verify forward is bit-identical to one-token
-steps, also after a rollback; greedy speculation gives the same tokens as plain decoding; and a
+under transformers' modules) within float rounding, which a quantised model's int8 activations
+amplify only where an input sits on a rounding tie (one row at most: TIE_TOLERANCE); a verify
+forward is bit-identical to one-token steps, also after a rollback; greedy speculation gives the same tokens as plain decoding; and a
 model or a call the native step does not cover runs the module path unchanged.
 """
 
@@ -34,6 +35,12 @@ WEIGHTS = ("int8", "int4", "bf16")
 # |native - module| over the logits' scale; float rounding in norms, rotary and activations
 # (the products and attention are the same kernels) stays far below this
 TOLERANCE = 1e-4
+# int8/int4 products quantise their inputs to int8 per group of 32 (round to nearest): an input
+# sitting on a rounding tie (x/d = 22.5 in the tiny Qwen3's last o_proj) that one ulp of float
+# rounding moves changes by a whole step, and that row's later values by ~2e-3 of their scale.
+# Ties are rare, so a quantised model may have ONE row of a call past TOLERANCE, none past this;
+# a fault in the step (a wrong rotary position, say) moves several rows.
+TIE_TOLERANCE = 1e-2
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -64,8 +71,16 @@ def pairs(tiny_tokenizer, tmp_path_factory):
     return built
 
 
-def _scale_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
+def _assert_close(a: torch.Tensor, b: torch.Tensor, weights: str, row_dim: int = 0) -> None:
+    """a equals b to float rounding, row by row along row_dim (a token's logits, a cache position),
+    allowing a quantised model one row moved by an activation rounding tie (TIE_TOLERANCE)."""
+    diff = (a - b).abs().movedim(row_dim, 0).reshape(a.shape[row_dim], -1).amax(-1)
+    errors = diff / b.abs().max().clamp_min(1e-6)
+    if weights == "bf16":
+        assert float(errors.max()) < TOLERANCE, (weights, errors.tolist())
+        return
+    assert float(errors.max()) < TIE_TOLERANCE and int((errors >= TOLERANCE).sum()) <= 1, (
+        weights, errors.tolist())
 
 
 def _inputs(model, seed: int, length: int, count: int = 1):
@@ -90,20 +105,21 @@ def test_native_logits_and_cache_match_the_module_forward(pairs, family):
         ids = torch.tensor([prompt])
         a = model(input_ids=ids, cache=ours, use_cache=True).logits[0]  # a short prefill: a step
         b = module_forward(input_ids=ids, cache=theirs, use_cache=True).logits[0]
-        assert _scale_error(a, b) < TOLERANCE, weights
+        _assert_close(a, b, weights)
         a = model(input_ids=draft, cache=ours, use_cache=True).logits[0]
         b = module_forward(input_ids=draft, cache=theirs, use_cache=True).logits[0]
-        assert _scale_error(a, b) < TOLERANCE, weights
+        _assert_close(a, b, weights)
         assert torch.equal(a.argmax(-1), b.argmax(-1))
         length = len(prompt) + draft.shape[1]
         assert ours.get_seq_length() == theirs.get_seq_length() == length
         for (ka, va), (kb, vb) in zip(_layer_kv(ours, length), _layer_kv(theirs, length), strict=True):
-            assert _scale_error(ka, kb) < TOLERANCE and _scale_error(va, vb) < TOLERANCE
+            _assert_close(ka, kb, weights, row_dim=-2)
+            _assert_close(va, vb, weights, row_dim=-2)
     assert native_step.stats(model)["forwards"] == 2  # both went through the native step
 
 
 def test_a_long_prefill_keeps_the_modules_and_the_steps_after_it_are_native(pairs):
-    model, module_forward, _ = pairs["llama"]
+    model, module_forward, weights = pairs["llama"]
     vocab = model.config.vocab_size
     prompt = torch.randint(3, vocab, (1, STEP_ROWS + 6), generator=torch.Generator().manual_seed(3))
     native_step.reset_stats(model)
@@ -116,7 +132,7 @@ def test_a_long_prefill_keeps_the_modules_and_the_steps_after_it_are_native(pair
         for _ in range(3):
             a = model(input_ids=token, cache=ours, use_cache=True).logits[0]
             b = module_forward(input_ids=token, cache=theirs, use_cache=True).logits[0]
-            assert _scale_error(a, b) < TOLERANCE
+            _assert_close(a, b, weights)
             token = a.argmax(-1, keepdim=True)
     assert native_step.stats(model)["forwards"] == 3
 
