@@ -90,7 +90,7 @@ def record(args) -> None:
 
 
 def run_strategy(name: str, rows: list[dict], cost: ForwardCost, cfg: DraftConfig,
-                 trace: bool) -> list[draftsim.Walk]:
+                 trace: bool, budget: float = 1.0) -> list[draftsim.Walk]:
     if name == "oracle":
         return [None] * len(rows)
     policy = None if name == "perfect" else DraftPolicy(cfg, cost)
@@ -100,12 +100,30 @@ def run_strategy(name: str, rows: list[dict], cost: ForwardCost, cfg: DraftConfi
         before = name == "engine-before"
         alternatives = int(name.split("-")[1]) if name.startswith("tree-") else 0
         alt_tokens = int(name.split("-")[2]) if alternatives else 0
-        governor = (DraftGovernor(cost) if name.startswith(("governed", "tree-")) else None)
+        governor = (DraftGovernor(cost, budget=budget)
+                    if name.startswith(("governed", "tree-")) else None)
         walks.append(draftsim.walk(prompt, truth, cost, cfg, policy, trace=trace,
                                    alternatives=alternatives, alt_tokens=alt_tokens,
                                    governor=governor,
                                    occurrences=1 if before else OCCURRENCES))
     return walks
+
+
+def answer_quality(rows: list[dict], questions_file: str) -> list[dict]:
+    """ragspec eval's per-answer measures (ragspec.bench.quality) of the recorded answers."""
+    from ragspec.bench import quality
+    from ragspec.bench.questions import load_questions
+
+    snippets = {q.id: q for q in load_questions(questions_file)}
+    out = []
+    for row in rows:
+        q = snippets.get(row["id"])
+        if q is not None and q.answers:
+            out.append(quality.measure(answers=q.answers, unanswerable=False,
+                                       floor_refused=False, text=row.get("text", ""),
+                                       token_ids=row["answer_ids"],
+                                       stop_reason=row.get("stop_reason", "")))
+    return out
 
 
 def walk_command(args) -> None:
@@ -117,7 +135,7 @@ def walk_command(args) -> None:
     causes: dict[str, dict] = {}
     for name in STRATEGIES:
         traced = args.trace and name in ("engine-before", "governed")
-        walks = run_strategy(name, rows, cost, cfg, traced)
+        walks = run_strategy(name, rows, cost, cfg, traced, args.budget)
         out = []
         for row, w in zip(rows, walks, strict=True):
             truth = row["answer_ids"]
@@ -158,6 +176,12 @@ def walk_command(args) -> None:
     for name, total in causes.items():
         print(f"  trace, {name} (summed over answers): "
               + ", ".join(f"{k}={v}" for k, v in total.items()))
+    quality_rows = answer_quality(rows, args.questions) if args.questions else []
+    if quality_rows:
+        present = sum(q["present"] for q in quality_rows)
+        loops = sum(q["loops"] or q["repetition_stop"] for q in quality_rows)
+        print(f"  answer quality (the same with speculation on or off: greedy): snippet present "
+              f"{present}/{len(quality_rows)}, looping or stopped for repetition {loops}")
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
             json.dump({"cost_seconds": cost.seconds, "strategies": table, "causes": causes}, fh,
@@ -178,6 +202,9 @@ def main() -> None:
     wk.add_argument("--cost-ms", default=QUOTED_COST_MS,
                     help="forward cost curve, n:milliseconds pairs (default: %(default)s)")
     wk.add_argument("--trace", action="store_true", help="count missed tokens by cause")
+    wk.add_argument("--budget", type=float, default=1.0,
+                    help="the governor's budget, in plain steps (default: %(default)s)")
+    wk.add_argument("--questions", help="the question file: report the answers' quality too")
     wk.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     record(args) if args.command == "record" else walk_command(args)

@@ -216,7 +216,7 @@ def test_governor_suspends_failing_drafts_without_changing_the_answer(tiny_model
         free = DraftConfig(adaptive=False, max_draft=6, governed=False)
         ungoverned = gen.generate(prompt, GenerationConfig(max_new_tokens=40, draft=free))
         stream = gen.stream(prompt, GenerationConfig(max_new_tokens=40,
-                                                     draft=replace(free, adaptive=True)))
+                                                     draft=replace(free, adaptive=True, governed=True)))
         governed = stream.result()
         assert governed.token_ids == ungoverned.token_ids == hf_greedy(tiny_model, prompt, 40, ())
         gov = stream._governor
