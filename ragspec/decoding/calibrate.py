@@ -51,8 +51,9 @@ ROUNDS = 9
 QUANTILE = 0.25
 MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
 # Part of every cache key: bump it when the engine's forward path or the measurement changes
-# what a forward costs (3: interleaved rounds, low quantile, spread check; 4: two contexts).
-CURVE_VERSION = 4
+# what a forward costs (3: interleaved rounds, low quantile, spread check; 4: two contexts;
+# 5: packed models step natively on tiled weights).
+CURVE_VERSION = 5
 
 Clock = Callable[[], float]
 
