@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from test_pdf_boxes import _letters, _PdfiumLayer
-from test_ui_browser import SCREENSHOT_ENV, SIDEBAR, ask, chromium, open_page, serving  # noqa: F401
+from test_ui_browser import SCREENSHOT_ENV, SIDEBAR, ask, chromium, serving  # noqa: F401
 from ui_support import tiny_model_folder
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -28,7 +28,10 @@ def test_browser_a_cited_pdf_opens_at_its_page_with_the_copied_words_boxed(chrom
     pdf.write_bytes(data)
     folder = tiny_model_folder(tmp_path / "tiny")
     with serving(tmp_path, (f"tiny={folder}",), RAGSPEC_MODEL_CACHE=str(tmp_path / "cache")) as url:
-        page = open_page(chromium, url)
+        page = chromium.new_context(viewport={"width": 1400, "height": 1250}).new_page()
+        page.set_default_timeout(600_000)  # the first page run loads the embedding model
+        page.goto(url)
+        page.get_by_placeholder("Ask a question about your documents").wait_for()
         page.locator(f'{SIDEBAR} input[type="file"]').set_input_files(pdf)
         page.get_by_text("bzip2 manual.pdf: added").wait_for(timeout=600_000)
         ask(page, "How does bzip2recover recover data from damaged bzip2 files?")
