@@ -11,7 +11,7 @@ export RAGSPEC_HOME ?= $(CURDIR)/.ragspec-home
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install test test-fast demo lint bench bench-anchors clean chromium screenshot
+.PHONY: install test test-fast demo lint bench bench-anchors clean chromium ocr screenshot
 
 install: $(STAMP)
 
@@ -25,7 +25,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 
 # Idle OpenMP threads sleep instead of spinning: on a 2-core machine running tests, servers and
 # subprocesses at once, spinning threads starve each other (one GPU-check test took 4x longer).
-test: $(STAMP) chromium
+test: $(STAMP) chromium ocr
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --timeout=900
 
 # The browser test needs a real Chromium; Debian's package, installed when we may (root).
@@ -33,6 +33,13 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium not installed: the browser test will be skipped"
+
+# OCR of scans and pictures (ragspec/retrieval/ocr.py) runs Debian's Tesseract with its English
+# data; installed when we may (root). Another language: apt-get install tesseract-ocr-LANG.
+ocr:
+	@command -v tesseract >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tesseract-ocr tesseract-ocr-eng >/dev/null) ; } || \
+	  echo "tesseract not installed: OCR is unavailable and its tests will be skipped"
 
 # The anchors of `ragspec bench` and `ragspec bench-engine`, built from source for this machine's
 # CPU (nothing prebuilt; sources from PyPI only):

@@ -20,7 +20,7 @@ def main() -> None:
 
 # Modules under ragspec/commands whose COMMANDS lists make up the CLI.
 COMMAND_MODULES = ("generate", "index", "bench", "bench_engine", "calibrate", "ask", "ui", "chats",
-                   "pull", "users", "serve", "eval")
+                   "pull", "users", "serve", "eval", "models")
 
 
 def _register() -> None:

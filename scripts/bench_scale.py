@@ -32,6 +32,8 @@ state matters: say whether it was idle when quoting a number.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import importlib.util
 import json
@@ -167,18 +169,6 @@ def passage_vectors(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def read_texts(path: Path, n: int) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            rows.append(json.loads(line))
-            if len(rows) >= n:
-                break
-    if len(rows) < n:
-        raise click.ClickException(f"{path} holds {len(rows)} passages, fewer than {n}")
-    return rows
-
-
 def peak_rss_mb(children: bool = False) -> float:
     """This process's peak RSS (and, with children, the largest peak of its live children:
     Milvus Lite's server)."""
@@ -197,10 +187,30 @@ def peak_rss_mb(children: bool = False) -> float:
     return own + extra
 
 
+TIMING_LOCK = Path("/tmp/ragspec-timing.lock")
+
+
+@contextlib.contextmanager
+def timing(out: dict, key: str):
+    """Hold the machine's timing lock (other sessions take it to time too) around the timed
+    queries only, and record the load average when they start and end under out[key]."""
+    with open(TIMING_LOCK, "a") as lock:
+        waited = time.perf_counter()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        start_load = os.getloadavg()[0]
+        out.setdefault(key, {})["lock_wait_s"] = round(time.perf_counter() - waited, 1)
+        try:
+            yield
+        finally:
+            out[key]["load_start"], out[key]["load_end"] = start_load, os.getloadavg()[0]
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def percentiles(samples: list[float]) -> dict:
     ms = sorted(s * 1000 for s in samples)
     return {"p50_ms": round(statistics.median(ms), 3),
-            "p95_ms": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 3), "n": len(ms)}
+            "p95_ms": round(ms[min(len(ms) - 1, int(0.95 * len(ms)))], 3),
+            "p99_ms": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 3), "n": len(ms)}
 
 
 # -- keyword search alone ---------------------------------------------------------------------
@@ -217,18 +227,27 @@ def _baseline_bm25(ref: str):
     return module.BM25Index
 
 
+def iter_texts(path: Path, n: int):
+    """The first n passages' texts, read as they are consumed (no list of a million dicts)."""
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i >= n:
+                return
+            yield json.loads(line)["text"]
+
+
 def _keywords_child(texts_path: Path, n: int, impl: str, repeats: int, ref: str) -> dict:
-    rows = read_texts(texts_path, n)
     questions = [str(q) for q in np.load(_vectors_path(texts_path))["questions"]]
     before = peak_rss_mb()
     started = time.perf_counter()
+    extra = {}
     if impl == "bm25s":
         import bm25s
 
         from ragspec.retrieval.bm25 import tokenize
 
         index = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
-        index.index([tokenize(r["text"]) for r in rows], show_progress=False)
+        index.index([tokenize(t) for t in iter_texts(texts_path, n)], show_progress=False)
 
         def top(q):
             tokens = [t for t in tokenize(q) if t in index.vocab_dict]
@@ -237,7 +256,7 @@ def _keywords_child(texts_path: Path, n: int, impl: str, repeats: int, ref: str)
         cls = _baseline_bm25(ref) if impl == "baseline" else None
         if cls is None:
             from ragspec.retrieval.bm25 import BM25Index as cls
-        index = cls.build((str(i), r["text"]) for i, r in enumerate(rows))
+        index = cls.build((str(i), t) for i, t in enumerate(iter_texts(texts_path, n)))
 
         def top(q):
             return index.top(q, 50)
@@ -245,13 +264,22 @@ def _keywords_child(texts_path: Path, n: int, impl: str, repeats: int, ref: str)
     top(questions[0])  # first search seals pending postings: part of building
     build_total = time.perf_counter() - started
     timed = []
-    for _ in range(repeats):
-        for q in questions:
-            t = time.perf_counter()
-            top(q)
-            timed.append(time.perf_counter() - t)
+    exhaustive = []
+    with timing(extra, "timing"):
+        for _ in range(repeats):
+            for q in questions:
+                t = time.perf_counter()
+                found = top(q)
+                timed.append(time.perf_counter() - t)
+                if impl == "ours":  # side by side: the reference scorer on the same index
+                    t = time.perf_counter()
+                    reference = index.top_exhaustive(q, 50)
+                    exhaustive.append(time.perf_counter() - t)
+                    extra["differ"] = extra.get("differ", 0) + (found != reference)
+    if exhaustive:
+        extra["exhaustive"] = percentiles(exhaustive)
     return {"impl": impl, "passages": n, "build_s": round(build, 2),
-            "build_and_first_search_s": round(build_total, 2), **percentiles(timed),
+            "build_and_first_search_s": round(build_total, 2), **percentiles(timed), **extra,
             "peak_rss_mb": round(peak_rss_mb(), 1), "rss_before_build_mb": round(before, 1)}
 
 
@@ -286,10 +314,10 @@ def keywords(texts_path, sizes, impls, baseline_ref, repeats, json_out, child) -
 
 def _in_child(args: list[str]) -> dict:
     done = subprocess.run([sys.executable, "-m", "scripts.bench_scale", *args], cwd=REPO,
-                          capture_output=True, text=True,
+                          stdout=subprocess.PIPE, text=True,  # stderr: the progress line
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     if done.returncode != 0:
-        raise click.ClickException(f"{args}: {done.stderr[-3000:]}")
+        raise click.ClickException(f"{args}: exit status {done.returncode}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -309,51 +337,131 @@ class _Lookup:
         return np.stack([self._vectors[t] for t in texts])
 
 
+def _doc_vectors(base: np.ndarray, doc: int, count: int) -> np.ndarray:
+    """The vectors of document `doc`'s passages (deterministic per document, so they can be
+    made again for the exact search without holding a million of them)."""
+    return passage_vectors(base, count, seed=doc + 1)
+
+
+def _texts_by_doc(path: Path, n: int):
+    """(document number, its passages' texts) for the first n passages, read as consumed."""
+    doc, texts = 0, []
+    for i, text in enumerate(iter_texts(path, n)):
+        if i and i % PASSAGES_PER_DOC == 0:
+            yield doc, texts
+            doc, texts = doc + 1, []
+        texts.append(text)
+    if texts:
+        yield doc, texts
+
+
+class _Progress:
+    """One stderr line per second: passages done, passages/s, time left."""
+
+    def __init__(self, total: int, what: str) -> None:
+        self.total, self.what = total, what
+        self.started = self.shown = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if now - self.shown < 1 and done < self.total:
+            return
+        self.shown = now
+        rate = done / max(now - self.started, 1e-9)
+        left = (self.total - done) / rate if rate else float("inf")
+        print(f"\r{self.what}: {done:,}/{self.total:,} passages, {rate:,.0f}/s, "
+              f"{left:,.0f} s left", end="", file=sys.stderr, flush=True)
+
+
+def _exact_top(base, n: int, queries: np.ndarray, k: int) -> list[list[tuple[int, int]]]:
+    """Brute-force top k (doc, passage-in-doc) per query over the regenerated vectors."""
+    best_scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+    best_ids = np.zeros((len(queries), k), dtype=np.int64)
+    for doc in range((n + PASSAGES_PER_DOC - 1) // PASSAGES_PER_DOC):
+        count = min(PASSAGES_PER_DOC, n - doc * PASSAGES_PER_DOC)
+        scores = queries @ _doc_vectors(base, doc, count).T
+        ids = doc * PASSAGES_PER_DOC + np.arange(count)
+        both = np.concatenate([best_scores, scores], axis=1)
+        both_ids = np.concatenate([best_ids, np.broadcast_to(ids, scores.shape)], axis=1)
+        keep = np.argsort(-both, axis=1, kind="stable")[:, :k]
+        best_scores = np.take_along_axis(both, keep, 1)
+        best_ids = np.take_along_axis(both_ids, keep, 1)
+    return [[divmod(int(i), PASSAGES_PER_DOC) for i in row] for row in best_ids]
+
+
+def _pid(doc_id_for, doc: int, i: int) -> str:
+    """The id the store gives passage i of document `doc` (store_base.add_document)."""
+    return f"{doc_id_for(f'/scale/doc-{doc:07d}.txt')}-{f'{doc:064x}'[:8]}-{i:05d}"
+
+
 def _search_child(texts_path: Path, n: int, backend: str, repeats: int) -> dict:
+    import gc
+
     from ragspec.retrieval.backends import open_index
     from ragspec.retrieval.passages import PassageDraft
+    from ragspec.retrieval.store_base import doc_id_for
 
     saved = np.load(_vectors_path(texts_path))
     questions = [str(q) for q in saved["questions"]]
     lookup = _Lookup(questions, saved["queries"])
-    rows = read_texts(texts_path, n)
-    vectors = passage_vectors(saved["base"], n)
+    base = saved["base"]
     scratch = Path(tempfile.mkdtemp(prefix=f"scale-{backend}-"))
     where = str(scratch / "index") if backend == "faiss" else f"milvus:{scratch}/index.db"
-    if backend == "milvus-ivf":  # approximate: IVF_FLAT lists instead of an exact scan
+    if backend == "milvus-ivf":  # approximate from the start: IVF_FLAT lists
         os.environ["RAGSPEC_MILVUS_INDEX"] = "IVF_FLAT"
     store = open_index(where, lookup)
     # Milvus commits as `ragspec ingest` does (every COMMIT_DOCS files); the FAISS folder once
     # at the end, since each of its commits rewrites the whole index (see docs/scaling.md).
-    per_commit = COMMIT_DOCS * PASSAGES_PER_DOC if backend != "faiss" else n
-    started, commits = time.perf_counter(), 0
-    for first_of_commit in range(0, n, per_commit):
+    per_commit = COMMIT_DOCS if backend != "faiss" else n
+    progress = _Progress(n, f"ingest {backend}")
+    started, commits, done = time.perf_counter(), 0, 0
+    docs = _texts_by_doc(texts_path, n)
+    exhausted = False
+    while not exhausted:
         with store.writing():
-            for first in range(first_of_commit, min(n, first_of_commit + per_commit),
-                               PASSAGES_PER_DOC):
-                batch = rows[first : first + PASSAGES_PER_DOC]
-                drafts = [PassageDraft(text=r["text"], page=None, start=0) for r in batch]
-                store.add_document(f"/scale/doc-{first // PASSAGES_PER_DOC:07d}.txt",
-                                   f"{first:064x}", 1, drafts,
-                                   vectors[first : first + len(batch)])
+            for _ in range(per_commit):
+                item = next(docs, None)
+                if item is None:
+                    exhausted = True
+                    break
+                doc, texts = item
+                drafts = [PassageDraft(text=t, page=None, start=0) for t in texts]
+                store.add_document(f"/scale/doc-{doc:07d}.txt", f"{doc:064x}", 1, drafts,
+                                   _doc_vectors(base, doc, len(texts)))
+                done += len(texts)
+                progress.update(done)
         commits += 1
     ingest = time.perf_counter() - started
+    print(file=sys.stderr)
     store.close()
+    del store, docs
+    gc.collect()
     started = time.perf_counter()
     store = open_index(where, lookup)
     opened = time.perf_counter() - started
     out = {"backend": backend, "passages": n, "ingest_s": round(ingest, 2),
            "ingest_passages_per_s": round(n / ingest, 1), "commits": commits,
-           "open_s": round(opened, 2)}
+           "open_s": round(opened, 2), "rss_after_ingest_mb": round(peak_rss_mb(), 1)}
     for mode in ("dense", "hybrid"):
-        store.retrieve(questions[0], k=K, mode=mode)  # warm: first search loads and seals
-        timed = []
-        for _ in range(repeats):
-            for q in questions:
-                t = time.perf_counter()
-                store.retrieve(q, k=K, mode=mode)
-                timed.append(time.perf_counter() - t)
-        out[mode] = percentiles(timed)
+        started = time.perf_counter()
+        store.retrieve(questions[0], k=K, mode=mode)  # warm: the first search builds / seals
+        out[f"first_{mode}_s"] = round(time.perf_counter() - started, 2)
+    with timing(out, "timing"):
+        for mode in ("dense", "hybrid"):
+            timed = []
+            for _ in range(repeats):
+                for q in questions:
+                    t = time.perf_counter()
+                    store.retrieve(q, k=K, mode=mode)
+                    timed.append(time.perf_counter() - t)
+            out[mode] = percentiles(timed)
+    # recall@10 of dense search against a brute-force scan of the same vectors
+    truth = _exact_top(base, n, saved["queries"], 10)
+    hits = 0
+    for q, expected in zip(questions, truth, strict=True):
+        found = {h.passage.id for h in store.retrieve(q, k=10, mode="dense").hits}
+        hits += sum(_pid(doc_id_for, d, i) in found for d, i in expected)
+    out["recall_at_10"] = round(hits / (10 * len(questions)), 4)
     out["peak_rss_mb"] = round(peak_rss_mb(children=backend != "faiss"), 1)
     out["disk_mb"] = round(sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file())
                            / 2**20, 1)
@@ -386,6 +494,59 @@ def search(texts_path, sizes, names, repeats, json_out, child) -> None:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def _dense_child(texts_path: Path, n: int, repeats: int) -> dict:
+    """The FAISS folder store's dense search alone (faiss_ann.py) over n vectors: build, latency
+    approximate vs exact, recall@10 against exact."""
+    import faiss
+
+    from ragspec.retrieval.faiss_ann import ApproxIndex
+
+    saved = np.load(_vectors_path(texts_path))
+    base, queries = saved["base"], saved["queries"].astype(np.float32)
+    out: dict = {"component": "faiss-dense", "passages": n}
+    started = time.perf_counter()
+    flat = faiss.IndexFlatIP(base.shape[1])
+    for doc in range((n + PASSAGES_PER_DOC - 1) // PASSAGES_PER_DOC):
+        flat.add(_doc_vectors(base, doc, min(PASSAGES_PER_DOC, n - doc * PASSAGES_PER_DOC)))
+    out["flat_add_s"] = round(time.perf_counter() - started, 2)
+    approx = ApproxIndex()
+    started = time.perf_counter()
+    approx.search(flat, queries[0], K)  # trains the lists and fills them
+    out["approx_build_s"] = round(time.perf_counter() - started, 2)
+    with timing(out, "timing"):
+        for name, search in (
+                ("approx_k5", lambda q: approx.search(flat, q, K)),
+                ("approx_k50", lambda q: approx.search(flat, q, 50)),
+                ("exact_k5", lambda q: flat.search(q.reshape(1, -1), K))):
+            timed = []
+            for _ in range(repeats if name != "exact_k5" else 1):
+                for q in queries:
+                    t = time.perf_counter()
+                    search(q)
+                    timed.append(time.perf_counter() - t)
+            out[name] = percentiles(timed)
+    _, exact = flat.search(queries, 10)
+    found = [{row for row, _ in approx.search(flat, q, 10)} for q in queries]
+    out["recall_at_10"] = round(float(np.mean(
+        [len(f & set(e.tolist())) / 10 for f, e in zip(found, exact, strict=True)])), 4)
+    out["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    return out
+
+
+@main.command()
+@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+              required=True)
+@click.option("--n", type=int, default=1_000_000, show_default=True)
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+def dense(texts_path, n, repeats, json_out) -> None:
+    """Dense search alone at n passages: the approximate FAISS index against exact search."""
+    result = _dense_child(texts_path, n, repeats)
+    click.echo(json.dumps(result))
+    if json_out:
+        json_out.write_text(json.dumps([result], indent=2) + "\n")
+
+
 @main.command()
 @click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def table(files) -> None:
@@ -393,24 +554,39 @@ def table(files) -> None:
     rows = [r for f in files for r in json.loads(f.read_text())]
     stores = sorted((r for r in rows if "backend" in r),
                     key=lambda r: (r["passages"], r["backend"]))
+
+    def ms(d: dict) -> str:
+        return f"{d['p50_ms']:.1f} / {d['p95_ms']:.1f} / {d['p99_ms']:.1f}"
+
+    def load(r: dict) -> str:
+        t = r.get("timing", {})
+        return f"{t['load_start']:.0f}-{t['load_end']:.0f}" if t else "?"
+
     if stores:
-        click.echo("| passages | backend | dense p50 / p95 ms | hybrid p50 / p95 ms | ingest "
-                   "passages/s (commits) | open s | peak RSS MiB | disk MiB |")
-        click.echo("|---|---|---|---|---|---|---|---|")
+        click.echo("| passages | backend | dense p50 / p95 / p99 ms | hybrid p50 / p95 / p99 ms | "
+                   "recall@10 | ingest passages/s (commits) | open s | peak RSS MiB | load |")
+        click.echo("|---|---|---|---|---|---|---|---|---|")
         for r in stores:
-            d, h = r["dense"], r["hybrid"]
-            click.echo(f"| {r['passages']:,} | {r['backend']} | {d['p50_ms']:.1f} / "
-                       f"{d['p95_ms']:.1f} | {h['p50_ms']:.1f} / {h['p95_ms']:.1f} | "
+            click.echo(f"| {r['passages']:,} | {r['backend']} | {ms(r['dense'])} | "
+                       f"{ms(r['hybrid'])} | {r.get('recall_at_10', float('nan')):.3f} | "
                        f"{r['ingest_passages_per_s']:,.0f} ({r['commits']}) | {r['open_s']:.1f} "
-                       f"| {r['peak_rss_mb']:,.0f} | {r['disk_mb']:,.0f} |")
+                       f"| {r['peak_rss_mb']:,.0f} | {load(r)} |")
+    for r in (r for r in rows if r.get("component") == "faiss-dense"):
+        click.echo(f"\n| passages | approximate k=5 p50 / p95 / p99 ms | k=50 | exact k=5 | "
+                   f"recall@10 | build s | peak RSS MiB | load |\n|---|---|---|---|---|---|---|---|"
+                   f"\n| {r['passages']:,} | {ms(r['approx_k5'])} | {ms(r['approx_k50'])} | "
+                   f"{ms(r['exact_k5'])} | {r['recall_at_10']:.3f} | {r['approx_build_s']:.0f} | "
+                   f"{r['peak_rss_mb']:,.0f} | {load(r)} |")
     keywords = sorted((r for r in rows if "impl" in r), key=lambda r: (r["passages"], r["impl"]))
     if keywords:
-        click.echo("\n| passages | BM25 | top-50 p50 / p95 ms | build s | peak RSS MiB |")
-        click.echo("|---|---|---|---|---|")
+        click.echo("\n| passages | BM25 | top-50 p50 / p95 / p99 ms | exhaustive, same run | "
+                   "differ | build s | peak RSS MiB | load |")
+        click.echo("|---|---|---|---|---|---|---|---|")
         for r in keywords:
-            click.echo(f"| {r['passages']:,} | {r['impl']} | {r['p50_ms']:.2f} / "
-                       f"{r['p95_ms']:.2f} | {r['build_and_first_search_s']:.1f} | "
-                       f"{r['peak_rss_mb']:,.0f} |")
+            ex = ms(r["exhaustive"]) if "exhaustive" in r else "—"
+            click.echo(f"| {r['passages']:,} | {r['impl']} | {ms(r)} | {ex} | "
+                       f"{r.get('differ', '—')} | {r['build_and_first_search_s']:.1f} | "
+                       f"{r['peak_rss_mb']:,.0f} | {load(r)} |")
 
 
 if __name__ == "__main__":

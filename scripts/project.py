@@ -8,8 +8,8 @@ Random-weight models at real shapes (`ragspec bench-engine --out bench-engine.js
 forward costs each engine, but no answers to accept. This takes the answers from the bundled
 model instead: each question's prompt is built with the real pipeline and answered once with
 greedy decoding (the truth); then ragspec's drafter and adaptive policy walk that answer
-(scripts/replay.py's `walk`) choosing drafts by the *shape's* cost curve, each step costed by
-that curve. Per question and shape:
+(ragspec.decoding.draftsim's `walk`, with the engine's drafter settings and governor) choosing
+drafts by the *shape's* cost curve, each step costed by that curve. Per question and shape:
 
     ragspec  = prefill_r · P/C + Σ c_r(step)          (its policy, its curve)
     greedy   = prefill_r · P/C + (N − 1) · c_r(1)     (ragspec without speculation)
@@ -29,13 +29,10 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from replay import walk  # noqa: E402
-
-from ragspec.bench import runner as core  # noqa: E402
-from ragspec.decoding.policy import DraftPolicy, ForwardCost  # noqa: E402
-from ragspec.decoding.types import DraftConfig, GenerationConfig  # noqa: E402
+from ragspec.bench import runner as core
+from ragspec.decoding.draftsim import walk
+from ragspec.decoding.policy import DraftGovernor, DraftPolicy, ForwardCost
+from ragspec.decoding.types import DraftConfig, GenerationConfig
 
 
 def main() -> None:
@@ -69,7 +66,9 @@ def main() -> None:
         policy = DraftPolicy(draft_cfg, cost)  # one policy across questions, as in the bench
         for item, truth in truths:
             scale = len(item.prompt_ids) / context
-            decode = walk(item.prompt_ids, truth, cost, draft_cfg, "policy", policy)
+            decode = walk(item.prompt_ids, truth, cost, draft_cfg, policy,
+                          governor=DraftGovernor(cost) if draft_cfg.governed else None,
+                          occurrences=draft_cfg.occurrences).seconds
             plain = cost(1) * (len(truth) - 1)
             llama_decode = ll["c"][0] * (len(truth) - 1)
             rows.append({

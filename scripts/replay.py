@@ -1,26 +1,30 @@
-"""Replay the true greedy answers through drafting strategies offline: what could drafting gain?
+"""Replay recorded greedy answers through drafting strategies offline: what drafting gains, and
+why it misses what it misses.
 
-Usage:  PYTHONPATH=. python scripts/replay.py --corpus data/corpus --questions data/questions.jsonl
-        [--max-new-tokens 128] [--json out.json]
+Usage:
+  PYTHONPATH=. python scripts/replay.py record --corpus DIR --questions FILE.jsonl --out A.json
+  PYTHONPATH=. python scripts/replay.py walk A.json [--cost-ms 1:22.5,2:24.3,...] [--trace]
+        [--json out.json]
 
-Builds each question's prompt with the real pipeline (as `ragspec bench` does), runs the engine's
-greedy decoding once per question (the truth, and the measured prefill time), then walks every
-strategy below over the true answer. A step's time is this machine's measured forward cost
-c(n) for the n tokens it verifies (ragspec.decoding.calibrate), so the strategies are compared without
-timing noise. Speedup = (prefill + (N-1)·c(1)) / (prefill + Σ c(step)), the bench's end-to-end
-figure; medians are printed per question kind.
+`record` builds each question's prompt with the real pipeline (as `ragspec bench` does) and
+answers it once with the engine's greedy decoding and the product's repetition stop rule (the
+bench's), keeping prompt and answer token ids. Under greedy the answer is the same whatever is
+drafted, so `walk` can then replay every strategy against it with no model and no timing noise
+(ragspec.decoding.draftsim): forwards per answer, accepted draft tokens per forward, and the
+decode phase's time from a forward-cost curve c(n) — by default the one measured on this
+project's machine (Xeon family 6 model 207, 2 cores, bundled SmolLM2-135M Q4_1, 800 cached
+tokens, quiet); pass another with --cost-ms. Ratios are plain decoding's decode time over the
+strategy's (the first token is the same for all and is left out).
 
-Strategies:
-  policy       ragspec's drafter and adaptive policy: what the engine does (one policy shared
-               across questions, as in `ragspec bench`).
-  perfect      ragspec's proposals, each cut exactly where the model diverges: the best any
-               length policy can do with these proposals.
-  alt-A-m      the policy's draft plus A alternative continuations of m tokens (other earlier
-               occurrences of the suffix, each with a different next token), verified in the
-               same forward as a tree: does offering more than one candidate pay for its tokens?
-  any-copy     the longest prefix of the true continuation found anywhere in the prompt or the
-               output so far, chosen with hindsight: the ceiling for copying drafters.
-  oracle       the true continuation, max_draft tokens at a time.
+Strategies (one draft policy shared across the questions of a set, as in `ragspec bench`):
+  engine-before  the drafter as it was: latest occurrence, no governor;
+  occurrences    the drafter comparing the latest 8 occurrences (ragspec's default now);
+  governed       occurrences + the DraftGovernor (what the engine does now);
+  tree-A-m       governed + A other occurrences' continuations of m tokens verified in the
+                 same forward (a token tree: a projection, the engine verifies one draft);
+  perfect        each proposal cut exactly where the model diverges (the best length policy);
+  oracle         the true continuation, max_draft tokens at a time.
+--trace adds, for engine-before and governed, the count of missed tokens by cause.
 """
 
 from __future__ import annotations
@@ -30,121 +34,153 @@ import json
 import statistics
 import sys
 
-from ragspec.bench import runner as core
-from ragspec.bench.runner import build_setup
-from ragspec.decoding.ngram import NgramIndex
-from ragspec.decoding.policy import DraftPolicy
-from ragspec.decoding.types import DraftConfig, GenerationConfig
+from ragspec.decoding import draftsim
+from ragspec.decoding.policy import DraftGovernor, DraftPolicy, ForwardCost
+from ragspec.decoding.types import DraftConfig
+
+QUOTED_COST_MS = "1:22.5,2:24.3,4:30.6,8:52.7,16:92.6"
+STRATEGIES = ("engine-before", "occurrences", "governed", "tree-1-2", "tree-2-2", "perfect",
+              "oracle")
+OCCURRENCES = 8
 
 
-def agree(draft, truth) -> int:
-    n = 0
-    while n < len(draft) and n < len(truth) and draft[n] == truth[n]:
-        n += 1
-    return n
-
-
-def alternatives(seq: list[int], skip: int | None, count: int, length: int,
-                 max_n: int = 4) -> list[list[int]]:
-    """Continuations of earlier occurrences of the current suffix (longest n first, latest
-    first), one per distinct next token, other than `skip`."""
-    found, seen = [], {skip}
-    end = len(seq)
-    for n in range(min(max_n, end - 1), 0, -1):
-        suffix = seq[end - n:]
-        for last in range(end - 2, n - 2, -1):
-            if seq[last - n + 1 : last + 1] == suffix and seq[last + 1] not in seen:
-                seen.add(seq[last + 1])
-                found.append(seq[last + 1 : last + 1 + length])
-                if len(found) == count:
-                    return found
-    return found
-
-
-def longest_copy(seq: list[int], truth: list[int], cap: int) -> int:
-    best = 0
-    for start, token in enumerate(seq):
-        if token == truth[0]:
-            best = max(best, agree(seq[start : start + cap], truth))
-    return best
-
-
-def walk(prompt, truth, cost, draft_cfg, strategy: str, policy=None, alts=(0, 0)) -> float:
-    """Seconds of decoding (after the first token) for one strategy over one true answer."""
-    index = NgramIndex(prompt, min_n=draft_cfg.min_ngram, max_n=draft_cfg.max_ngram)
-    index.append(truth[0])
-    pos, seconds = 1, 0.0
-    while pos < len(truth):
-        rest = truth[pos:]
-        room = len(rest) - 1  # the step's own token must stay within the answer
-        verified, accepted = 0, 0
-        if strategy == "oracle":
-            verified = accepted = min(draft_cfg.max_draft, room)
-        elif strategy == "any-copy":
-            verified = accepted = min(longest_copy(index.tokens, rest, draft_cfg.max_draft), room)
+def parse_cost(text: str, max_tokens: int) -> ForwardCost:
+    """'n:ms,n:ms,...' -> a curve for n = 1..max_tokens, linear between the given points."""
+    points = sorted((int(n), float(ms) / 1000) for n, ms in (p.split(":") for p in text.split(",")))
+    if points[0][0] != 1:
+        raise SystemExit("--cost-ms must give n=1")
+    curve = []
+    for n in range(1, max_tokens + 1):
+        lo = max((p for p in points if p[0] <= n), key=lambda p: p[0])
+        hi = min((p for p in points if p[0] >= n), key=lambda p: p[0], default=None)
+        if hi is None:  # beyond the last point: the last segment's slope
+            (n0, s0), (n1, s1) = points[-2], points[-1]
+            curve.append(s1 + (s1 - s0) / (n1 - n0) * (n - n1))
+        elif hi[0] == lo[0]:
+            curve.append(lo[1])
         else:
-            match = index.propose(draft_cfg.max_draft)
-            if strategy == "perfect":
-                draft = match.tokens[:room] if match else []
-                verified = accepted = agree(draft, rest)
-            else:
-                k = policy.choose(match, len(rest))
-                draft = match.tokens[:k] if k else []
-                accepted = agree(draft, rest)
-                if draft:
-                    policy.observe(match, len(draft), accepted)
-                verified = len(draft)
-                count, length = alts
-                skip = draft[0] if draft else None
-                for alt in alternatives(index.tokens, skip, count, length) if count else []:
-                    alt = alt[:room]
-                    verified += len(alt)
-                    accepted = max(accepted, agree(alt, rest))
-        seconds += cost(verified + 1)
-        index.extend(rest[: accepted + 1])
-        pos += accepted + 1
-    return seconds
+            curve.append(lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0]))
+    return ForwardCost(curve)
+
+
+def record(args) -> None:
+    from ragspec.bench import runner as core
+    from ragspec.decoding import calibrate
+    from ragspec.decoding.types import GenerationConfig
+    from ragspec.pipeline import ANSWER_REPEAT
+
+    # greedy answers do not depend on the forward-cost curve: skip measuring it (minutes on a
+    # busy machine, and a busy machine's curve is not cached)
+    calibrate.load_or_measure = lambda *args, **kwargs: None
+
+    questions = core.load_questions(args.questions, args.limit)
+    setup = core.build_setup(None, args.corpus, None, questions, args.max_new_tokens,
+                             methods=("ragspec",), llamacpp=False, llama_server=False)
+    rows = []
+    for item in setup.prepared:
+        run = setup.generator.generate(item.prompt_ids, GenerationConfig(
+            args.max_new_tokens, draft=DraftConfig(enabled=False), repeat=ANSWER_REPEAT))
+        rows.append({"id": item.question.id, "kind": item.question.kind,
+                     "prompt_ids": list(item.prompt_ids), "answer_ids": run.token_ids,
+                     "stop_reason": run.stats.stop_reason, "text": run.text})
+        print(item.question.id, len(run.token_ids), run.stats.stop_reason, file=sys.stderr)
+        with open(args.out, "w", encoding="utf-8") as fh:  # after every answer: usable early
+            json.dump({"model": setup.model_name, "max_new_tokens": args.max_new_tokens,
+                       "questions": rows, "failures": setup.failures}, fh)
+
+
+def run_strategy(name: str, rows: list[dict], cost: ForwardCost, cfg: DraftConfig,
+                 trace: bool) -> list[draftsim.Walk]:
+    if name == "oracle":
+        return [None] * len(rows)
+    policy = None if name == "perfect" else DraftPolicy(cfg, cost)
+    walks = []
+    for row in rows:
+        prompt, truth = row["prompt_ids"], row["answer_ids"]
+        before = name == "engine-before"
+        alternatives = int(name.split("-")[1]) if name.startswith("tree-") else 0
+        alt_tokens = int(name.split("-")[2]) if alternatives else 0
+        governor = (DraftGovernor(cost) if name.startswith(("governed", "tree-")) else None)
+        walks.append(draftsim.walk(prompt, truth, cost, cfg, policy, trace=trace,
+                                   alternatives=alternatives, alt_tokens=alt_tokens,
+                                   governor=governor,
+                                   occurrences=1 if before else OCCURRENCES))
+    return walks
+
+
+def walk_command(args) -> None:
+    data = json.load(open(args.answers, encoding="utf-8"))
+    cfg = DraftConfig()
+    cost = parse_cost(args.cost_ms, cfg.max_draft + 1 + 2 * 2)
+    rows = [r for r in data["questions"] if len(r["answer_ids"]) > 1]
+    table: dict[str, list[dict]] = {}
+    causes: dict[str, dict] = {}
+    for name in STRATEGIES:
+        traced = args.trace and name in ("engine-before", "governed")
+        walks = run_strategy(name, rows, cost, cfg, traced)
+        out = []
+        for row, w in zip(rows, walks, strict=True):
+            truth = row["answer_ids"]
+            plain = draftsim.plain_seconds(truth, cost)
+            seconds = (draftsim.oracle_seconds(truth, cost, cfg.max_draft) if w is None
+                       else w.seconds)
+            forwards = w.forwards if w is not None else None
+            out.append({"id": row["id"], "kind": row["kind"], "tokens": len(truth),
+                        "decode_ratio": plain / seconds, "forwards": forwards,
+                        "accepted_per_forward": ((len(truth) - 1 - forwards) / forwards
+                                                 if forwards else None)})
+        table[name] = out
+        if traced:
+            total: dict[str, int] = {}
+            for w in walks:
+                for key, value in w.summary().items():
+                    total[key] = total.get(key, 0) + value
+            causes[name] = total
+    print(f"{len(rows)} answers from {args.answers}; cost c(1..) ms: "
+          + " ".join(f"{s * 1000:.1f}" for s in cost.seconds[:17]))
+    print("| strategy | decode ratio median | worst | forwards/answer | accepted/forward |")
+    print("|---|---|---|---|---|")
+    for name in STRATEGIES:
+        out = table[name]
+        ratios = [r["decode_ratio"] for r in out]
+        fw = [r["forwards"] for r in out if r["forwards"] is not None]
+        apf = [r["accepted_per_forward"] for r in out if r["accepted_per_forward"] is not None]
+        worst = min(out, key=lambda r: r["decode_ratio"])
+        print(f"| {name} | {statistics.median(ratios):.2f}× | {worst['decode_ratio']:.2f}× "
+              f"({worst['id']}) | {statistics.median(fw) if fw else '-'} | "
+              f"{statistics.mean(apf) if apf else float('nan'):.2f} |")
+    for kind in ("copy", "open", "unanswerable"):
+        chosen = [i for i, r in enumerate(rows) if r["kind"] == kind]
+        if chosen:
+            cells = " ".join(f"{n}={statistics.median(table[n][i]['decode_ratio'] for i in chosen):.2f}"
+                             for n in STRATEGIES)
+            print(f"  {kind} (n={len(chosen)}): {cells}")
+    for name, total in causes.items():
+        print(f"  trace, {name} (summed over answers): "
+              + ", ".join(f"{k}={v}" for k, v in total.items()))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as fh:
+            json.dump({"cost_seconds": cost.seconds, "strategies": table, "causes": causes}, fh,
+                      indent=1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", required=True)
-    parser.add_argument("--questions", required=True)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--json", dest="json_path")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="answer every question once with greedy decoding")
+    rec.add_argument("--corpus", required=True)
+    rec.add_argument("--questions", required=True)
+    rec.add_argument("--out", required=True)
+    rec.add_argument("--limit", type=int, default=None)
+    rec.add_argument("--max-new-tokens", type=int, default=128)
+    wk = sub.add_parser("walk", help="replay the strategies over recorded answers")
+    wk.add_argument("answers")
+    wk.add_argument("--cost-ms", default=QUOTED_COST_MS,
+                    help="forward cost curve, n:milliseconds pairs (default: %(default)s)")
+    wk.add_argument("--trace", action="store_true", help="count missed tokens by cause")
+    wk.add_argument("--json", dest="json_path")
     args = parser.parse_args()
-
-    questions = core.load_questions(args.questions)
-    setup = build_setup(None, args.corpus, None, questions, args.max_new_tokens)
-    gen, draft_cfg = setup.generator, DraftConfig()
-    cost = gen.cost
-    strategies = {"policy": (0, 0), "perfect": None, "alt-1-1": (1, 1), "alt-1-2": (1, 2),
-                  "alt-2-1": (2, 1), "alt-3-2": (3, 2), "any-copy": None, "oracle": None}
-    policies = {name: DraftPolicy(draft_cfg, cost) for name, a in strategies.items() if a}
-    rows = []
-    for item in setup.prepared:
-        run = gen.generate(item.prompt_ids, GenerationConfig(
-            args.max_new_tokens, draft=DraftConfig(enabled=False)))
-        truth, prefill = run.token_ids, run.stats.prefill_seconds
-        base = prefill + cost(1) * (len(truth) - 1)
-        row = {"id": item.question.id, "kind": item.question.kind, "tokens": len(truth)}
-        for name, alts in strategies.items():
-            seconds = walk(item.prompt_ids, truth, cost, draft_cfg, name,
-                           policies.get(name), alts or (0, 0))
-            row[name] = base / (prefill + seconds)
-        rows.append(row)
-        print(item.question.id, " ".join(f"{n}={row[n]:.2f}" for n in strategies),
-              file=sys.stderr)
-    print("| kind | " + " | ".join(strategies) + " |")
-    print("|---|" + "---|" * len(strategies))
-    for kind in ("copy", "open"):
-        chosen = [r for r in rows if r["kind"] == kind]
-        if chosen:
-            cells = [f"{statistics.median(r[n] for r in chosen):.2f}×" for n in strategies]
-            print(f"| {kind} (n={len(chosen)}) | " + " | ".join(cells) + " |")
-    if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as fh:
-            json.dump({"cost_seconds": cost.seconds, "questions": rows}, fh, indent=1)
+    record(args) if args.command == "record" else walk_command(args)
 
 
 if __name__ == "__main__":

@@ -237,3 +237,21 @@ def test_an_ivf_milvus_index_is_searched_and_remembered(tmp_path, docs, opened, 
     monkeypatch.setenv("RAGSPEC_MILVUS_INDEX", "HNSW")
     with pytest.raises(ValueError, match="FLAT, IVF_FLAT"):
         opened(f"milvus:{tmp_path}/other.db")
+
+
+def test_an_auto_milvus_index_turns_approximate_past_the_threshold(tmp_path, docs, opened,
+                                                                   monkeypatch):
+    from ragspec.retrieval import milvus_schema
+
+    where = f"milvus:{tmp_path}/auto.db"
+    store = opened(where)
+    ingest_paths([docs / "alpha.txt"], store)
+    assert store._vector_index == "FLAT"
+    monkeypatch.setattr(milvus_schema, "APPROX_THRESHOLD", store.passage_count() + 1)
+    ingest_paths([docs], store)
+    assert store._vector_index == "IVF_FLAT"
+    described = store._connected().describe_index(store._names()[0], "vector")
+    assert described["index_type"] == "IVF_FLAT"
+    store = _reopen(opened, store)
+    assert store._vector_index == "IVF_FLAT" and store._vector_policy == "AUTO"
+    assert "E204" in store.search("E204 quota", k=1, mode="hybrid")[0].passage.text

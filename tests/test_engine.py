@@ -51,10 +51,12 @@ DRAFT_CONFIGS = [
     DraftConfig(adaptive=False, max_draft=8),
     DraftConfig(adaptive=False, min_ngram=2, max_ngram=2, max_draft=3),
     DraftConfig(max_ngram=8, max_draft=32),
+    DraftConfig(occurrences=1, governed=False),
 ]
 
 
-@pytest.mark.parametrize("draft", DRAFT_CONFIGS, ids=lambda d: f"spec{int(d.enabled)}-a{int(d.adaptive)}-n{d.max_ngram}-k{d.max_draft}")
+@pytest.mark.parametrize("draft", DRAFT_CONFIGS, ids=lambda d: (f"spec{int(d.enabled)}-a{int(d.adaptive)}-n{d.max_ngram}-k{d.max_draft}"
+                                    f"-o{d.occurrences}-g{int(d.governed)}"))
 def test_greedy_ids_identical_to_transformers_generate(tiny_model, tiny_tokenizer, draft):
     gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
     drafted = 0
@@ -202,6 +204,26 @@ def test_adaptive_policy_spends_fewer_forwards_than_plain_decoding_on_repetitive
     assert result.token_ids == plain.token_ids
     assert result.stats.accepted_tokens >= 10
     assert result.stats.forward_passes <= 0.75 * plain.stats.forward_passes
+
+
+def test_governor_suspends_failing_drafts_without_changing_the_answer(tiny_model, tiny_tokenizer):
+    # random weights rarely follow the prompt's pattern: on a steep cost curve the governor
+    # stops verifying drafts after about a plain step's worth of rejections; the ids stay
+    cost = ForwardCost([0.02 * (1 + 0.12 * n) for n in range(17)])
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[], cost=cost)
+    suspended = 0
+    for prompt in prompts(len(tiny_tokenizer), 10, seed=4):
+        free = DraftConfig(adaptive=False, max_draft=6, governed=False)
+        ungoverned = gen.generate(prompt, GenerationConfig(max_new_tokens=40, draft=free))
+        stream = gen.stream(prompt, GenerationConfig(max_new_tokens=40,
+                                                     draft=replace(free, adaptive=True)))
+        governed = stream.result()
+        assert governed.token_ids == ungoverned.token_ids == hf_greedy(tiny_model, prompt, 40, ())
+        gov = stream._governor
+        suspended += gov.suspensions > 0
+        wasted = governed.stats.drafted_tokens - governed.stats.accepted_tokens
+        assert wasted <= ungoverned.stats.drafted_tokens - ungoverned.stats.accepted_tokens + 6
+    assert suspended >= 1
 
 
 # -- sampling: the point-mass rule keeps the distribution ---------------------------------------

@@ -4,7 +4,8 @@ Every GGUF format the kernels read, as random packed bytes: de-quantisation equa
 bit for bit; the quantised matrix product equals a float64 product of the de-quantised weights
 and the int8 activations the kernel says it used; and each row's result is the same bits
 whatever rows are computed with it and however many threads share the work (batch invariance,
-the property exact speculation rests on). The attention kernel against a float64 softmax, with
+the property exact speculation rests on). The same for weights stored tiled (16 rows interleaved,
+packed.tile), whose bytes give back the GGUF rows and the same de-quantised values. The attention kernel against a float64 softmax, with
 causal, sliding and soft-capped variants, and the same invariance.
 """
 
@@ -18,7 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ragspec.decoding import native
-from ragspec.decoding.packed import FORMATS
+from ragspec.decoding.packed import FORMATS, TILEABLE, PackedWeight, tile, untile
 
 QUANTISED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 PLAIN = ("F32", "F16", "BF16")
@@ -70,13 +71,37 @@ def test_dequantised_rows_are_ggufs_own_bit_for_bit(ops, fmt):
                        got[some])
 
 
-@pytest.mark.parametrize("fmt", QUANTISED + PLAIN)
-def test_the_product_is_the_float64_product_of_what_the_kernel_multiplies(ops, fmt):
+def as_layout(fmt: str, raw: torch.Tensor, k: int, layout: str) -> tuple[torch.Tensor, int]:
+    """(bytes, code) of a weight in `layout` ("rows" as GGUF stores it, or "tiled")."""
+    weight = PackedWeight(raw, fmt, k)
+    if layout == "tiled":
+        weight = tile(weight)
+        assert weight.tiled
+    return weight.data, weight.code
+
+
+@pytest.mark.parametrize("fmt", TILEABLE)
+def test_a_tiled_weight_holds_the_same_rows(ops, fmt):
+    n, k = 53, 512  # three tiles and five rows after them
+    raw = torch.from_numpy(random_packed(fmt, n, k, seed=6))
+    tiled = tile(PackedWeight(raw, fmt, k))
+    assert tiled.data.shape == raw.shape and not torch.equal(tiled.data, raw)
+    assert torch.equal(untile(tiled).data, raw)
+    some = torch.tensor([0, 17, 47, 48, 52, 3])
+    assert torch.equal(ops.dequantize_rows(tiled.data, tiled.code, k, torch.arange(n)),
+                       ops.dequantize_rows(raw, FORMATS[fmt][0], k, torch.arange(n)))
+    assert torch.equal(tiled.rows(some), PackedWeight(raw, fmt, k).rows(some))
+
+
+@pytest.mark.parametrize("fmt,layout", [(f, "rows") for f in QUANTISED + PLAIN]
+                         + [(f, "tiled") for f in TILEABLE])
+def test_the_product_is_the_float64_product_of_what_the_kernel_multiplies(ops, fmt, layout):
     n, k, m = 45, 512, 7
     raw = torch.from_numpy(random_packed(fmt, n, k, seed=1))
     w = torch.from_numpy(reference_rows(fmt, raw.numpy(), k)).double()
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
-    y = ops.qmatmul(x, raw, FORMATS[fmt][0], k)
+    data, code = as_layout(fmt, raw, k, layout)
+    y = ops.qmatmul(x, data, code, k)
     if fmt in QUANTISED:  # the kernel multiplies int8 activations, one scale per 32 values
         q, d, dsum = ops.quantize_activations(x)
         xs = (q.double().reshape(m, -1, 32) * d.double()[..., None]).reshape(m, k)
@@ -88,18 +113,18 @@ def test_the_product_is_the_float64_product_of_what_the_kernel_multiplies(ops, f
     assert ((y.double() - want).abs() <= 1e-5 * want.abs().max() + 1e-6).all()
 
 
-@pytest.mark.parametrize("fmt", ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "F16"))
-def test_each_rows_result_does_not_depend_on_the_rows_beside_it(ops, fmt):
+@pytest.mark.parametrize("fmt,layout", [(f, "rows") for f in ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "F16")]
+                         + [(f, "tiled") for f in TILEABLE])
+def test_each_rows_result_does_not_depend_on_the_rows_beside_it(ops, fmt, layout):
     n, k = 67, 512  # an odd column count: the kernel's edge tiles are used too
-    raw = torch.from_numpy(random_packed(fmt, n, k, seed=3))
-    code = FORMATS[fmt][0]
-    x = torch.randn(19, k, generator=torch.Generator().manual_seed(4))
+    raw, code = as_layout(fmt, torch.from_numpy(random_packed(fmt, n, k, seed=3)), k, layout)
+    x = torch.randn(35, k, generator=torch.Generator().manual_seed(4))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         full = ops.qmatmul(x, raw, code, k)
-        for m in (1, 2, 3, 4, 5, 9, 17):
-            for start in (0, 19 - m):
+        for m in (1, 2, 3, 4, 5, 9, 16, 17, 33):  # tiled rows go 16 at a time
+            for start in (0, 35 - m):
                 part = ops.qmatmul(x[start:start + m], raw, code, k)
                 assert torch.equal(part, full[start:start + m]), (m, start)
         torch.set_num_threads(1)

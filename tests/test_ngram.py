@@ -6,22 +6,25 @@ from hypothesis import strategies as st
 from ragspec.decoding.ngram import NgramIndex
 
 
-def brute_force(tokens, *, min_n, max_n, max_tokens):
-    """Longest suffix first, latest earlier occurrence first; (n, origin, draft) or None."""
-    length = len(tokens)
-    for n in range(min(max_n, length), min_n - 1, -1):
-        suffix = tokens[length - n :]
-        for end in range(length - 2, n - 2, -1):
-            if tokens[end - n + 1 : end + 1] == suffix:
-                return n, end + 1, tokens[end + 1 : end + 1 + max_tokens]
-    return None
-
-
 def brute_extended(tokens, origin, cap):
     end, length, k = origin - 1, len(tokens), 0
     while k < cap and end - k >= 0 and tokens[end - k] == tokens[length - 1 - k]:
         k += 1
     return k
+
+
+def brute_force(tokens, *, min_n, max_n, max_tokens, occurrences=1, cap=NgramIndex.extend_cap):
+    """Longest suffix first; among its latest `occurrences` earlier places the one agreeing
+    furthest back (latest among equals); (n, origin, draft) or None."""
+    length = len(tokens)
+    for n in range(min(max_n, length), min_n - 1, -1):
+        suffix = tokens[length - n :]
+        ends = [end for end in range(length - 2, n - 2, -1)
+                if tokens[end - n + 1 : end + 1] == suffix][:occurrences]
+        if ends:
+            end = max(ends, key=lambda e: (brute_extended(tokens, e + 1, cap), e))
+            return n, end + 1, tokens[end + 1 : end + 1 + max_tokens]
+    return None
 
 
 @settings(max_examples=300, deadline=None)
@@ -30,15 +33,17 @@ def brute_extended(tokens, origin, cap):
     min_n=st.integers(1, 3),
     extra=st.integers(0, 4),
     max_tokens=st.integers(0, 12),
+    occurrences=st.sampled_from([1, 2, 8]),
 )
-def test_propose_matches_brute_force_at_every_prefix(seq, min_n, extra, max_tokens):
+def test_propose_matches_brute_force_at_every_prefix(seq, min_n, extra, max_tokens, occurrences):
     max_n = min_n + extra
-    index = NgramIndex(min_n=min_n, max_n=max_n)
+    index = NgramIndex(min_n=min_n, max_n=max_n, occurrences=occurrences)
     for i, t in enumerate(seq):
         index.append(t)
         prefix = seq[: i + 1]
         got = index.propose(max_tokens)
-        want = brute_force(prefix, min_n=min_n, max_n=max_n, max_tokens=max_tokens)
+        want = brute_force(prefix, min_n=min_n, max_n=max_n, max_tokens=max_tokens,
+                           occurrences=occurrences)
         if want is None:
             assert got is None
         else:
@@ -76,7 +81,24 @@ def test_append_cost_does_not_grow_with_length():
     # Amortised O(1): the dicts hold at most (max_n - min_n + 1) entries per position.
     index = NgramIndex(min_n=1, max_n=4)
     index.extend(range(10_000))
-    assert sum(len(d) for d in index._latest.values()) <= 4 * 10_000
+    assert sum(len(ends) for d in index._ends.values() for ends in d.values()) <= 4 * 10_000
+
+
+def test_occurrence_with_the_longer_history_beats_the_latest():
+    # suffix (1, 2) after 7: "7 1 2 3" agrees one token further back than the later "5 1 2 4"
+    seq = [7, 1, 2, 3, 5, 1, 2, 4, 6, 7, 1, 2]
+    assert NgramIndex(seq, min_n=2, max_n=2).propose(1).tokens == [4]
+    m = NgramIndex(seq, min_n=2, max_n=2, occurrences=2).propose(1)
+    assert m.tokens == [3] and m.origin == 3 and m.extended == 3
+
+
+def test_alternatives_are_other_occurrences_one_per_next_token():
+    seq = [1, 2, 3, 9, 1, 2, 4, 8, 1, 2, 3, 7, 1, 2]
+    index = NgramIndex(seq, min_n=1, max_n=2)
+    assert index.propose(2).tokens == [3, 7]
+    # the main draft starts with 3; the others, latest first: 4 (then 8); 2-grams before 1-grams
+    assert index.alternatives(3, 2, 2) == [[4, 8]]
+    assert index.alternatives(None, 5, 1) == [[3], [4]]
 
 
 def test_bad_arguments_raise_value_error():
@@ -86,3 +108,5 @@ def test_bad_arguments_raise_value_error():
         NgramIndex(min_n=0)
     with pytest.raises(ValueError):
         NgramIndex(min_n=3, max_n=2)
+    with pytest.raises(ValueError):
+        NgramIndex(occurrences=0)

@@ -38,7 +38,9 @@ def kernels():
 def packed_copy(model, weights: str, folder):
     """`model` quantised to `weights` and rebuilt as ragspec loads a packed model."""
     model.config.save_pretrained(folder)
-    built = packing.build(folder, packing.quantised_entries(model, weights))
+    # through the packed file, as the product loads it (weights tiled where the format tiles)
+    packing.save(packing.quantised_entries(model, weights), folder / packing.PACKED_FILE)
+    built = packing.build(folder, packing.load(folder / packing.PACKED_FILE))
     install(built, native=True)
     return built
 
@@ -113,18 +115,26 @@ def test_a_constant_weight_group_is_kept_as_exactly_as_its_format_can(tmp_path):
     assert torch.equal(packed.dequantize()[:, :32], as_fp16.expand(16, 32))
 
 
-def test_the_packed_file_round_trips_and_shares_tied_weights(tiny_model, tmp_path):
+def test_the_packed_file_round_trips_and_shares_tied_weights(tiny_model, tmp_path, monkeypatch):
     model = tiny_model
     assert model.config.tie_word_embeddings
     entries = packing.quantised_entries(model, "int4")
     packing.save(entries, tmp_path / "p.safetensors")
     back = packing.load(tmp_path / "p.safetensors")
     assert back["lm_head.weight"] is back["model.embed_tokens.weight"]
+    # the file keeps the tiled layout; RAGSPEC_WEIGHT_LAYOUT=rows keeps GGUF rows
+    assert back["lm_head.weight"].tiled and not entries["lm_head.weight"].tiled
+    monkeypatch.setenv(packing.LAYOUT_ENV, "rows")
+    packing.save(entries, tmp_path / "rows.safetensors")
+    rows = packing.load(tmp_path / "rows.safetensors")
+    assert not rows["lm_head.weight"].tiled
     model.config.save_pretrained(tmp_path)
-    a, b = packing.build(tmp_path, entries), packing.build(tmp_path, back)
+    a, b = packing.build(tmp_path, rows), packing.build(tmp_path, back)
     ids = torch.tensor([[5, 9, 14, 3, 22]])
     with torch.inference_mode():
-        assert torch.equal(a(ids).logits, b(ids).logits)
+        # the tiled kernel sums in another order than the row kernel: equal to rounding
+        assert torch.allclose(a(ids).logits, b(ids).logits, atol=1e-4, rtol=1e-4)
+        assert torch.equal(packing.build(tmp_path, entries)(ids).logits, a(ids).logits)
 
 
 def test_prefill_runs_the_fp32_path_and_steps_the_packed_kernel(tiny_tokenizer, tmp_path):

@@ -45,7 +45,8 @@ def env(home, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def transformers_url(bundled, tmp_path_factory):
+def transformers_url(bundled, bundled_fp32, tmp_path_factory):
+    # transformers serves the fp32 conversion, which loading the model with fp32 weights writes
     with servers.transformers_serve(MODEL_CACHE / "smollm2-135m-instruct",
                                     tmp_path_factory.mktemp("logs") / "transformers.log") as url:
         yield url

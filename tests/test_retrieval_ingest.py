@@ -47,8 +47,8 @@ BAD_INPUTS = {
                       "encrypted"),
     "pdf without text layer": ("scan.pdf", lambda p: p.write_bytes(blank_pdf_bytes()),
                                "no extractable text"),
-    "unsupported type": ("slides.pptx", lambda p: p.write_bytes(b"PK\x03\x04"),
-                         "unsupported type '.pptx'"),
+    "unsupported type": ("slides.key", lambda p: p.write_bytes(b"PK\x03\x04"),
+                         "unsupported type '.key'"),
     "nonexistent path": ("missing.md", lambda p: None, "no such file or directory"),
 }
 
@@ -122,7 +122,7 @@ def test_folders_are_walked_skipping_hidden_and_other_types(store, tmp_path):
     (root / "top.md").write_text("Top level.")
     (root / "sub" / "mid.txt").write_text("Middle level.")
     (root / "sub" / "deeper" / "low.html").write_text("<p>Lowest level.</p>")
-    (root / "sub" / "image.png").write_bytes(b"\x89PNG")
+    (root / "sub" / "image.bmp").write_bytes(b"\x89PNG")
     (root / ".git" / "config.txt").write_text("hidden")
     (root / ".hidden.md").write_text("hidden")
 
@@ -132,7 +132,7 @@ def test_folders_are_walked_skipping_hidden_and_other_types(store, tmp_path):
     # Stable order: each folder's files (sorted), then its sub-folders (sorted).
     assert deep.added == [str(root / "sub" / "mid.txt"), str(root / "sub" / "deeper" / "low.html")]
     assert deep.unchanged == [str(root / "top.md")]
-    assert deep.skipped == [str(root / "sub" / "image.png")] and deep.ok
+    assert deep.skipped == [str(root / "sub" / "image.bmp")] and deep.ok
 
 
 def test_the_same_file_named_twice_is_ingested_once(store, tmp_path):

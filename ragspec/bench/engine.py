@@ -126,7 +126,7 @@ def _timed_rounds(step, sizes: int, rounds: int) -> list[float]:
 def _ragspec(spec: dict) -> dict:
     from ragspec import paths
     from ragspec.bench.shapes import config
-    from ragspec.decoding import native, packing
+    from ragspec.decoding import native, native_step, packing
     from ragspec.decoding.attention import install
     from ragspec.decoding.cache import crop_cache, new_cache
     from ragspec.decoding.packed import packed_bytes, step_forward
@@ -148,6 +148,7 @@ def _ragspec(spec: dict) -> dict:
         model = packing.build(None, packing.load(Path(scratch) / packing.PACKED_FILE),
                               packing.meta_model_from_config(config(spec["shape"])))
         install(model, native=True)
+        native_step.install(model)  # as the product loads a packed model (RAGSPEC_NATIVE_STEP)
         load = time.perf_counter() - start
         return _ragspec_times(model, spec, load, packed_bytes(model), new_cache, crop_cache,
                               step_forward)

@@ -76,12 +76,17 @@ def _say_waiting() -> None:
 @click.option("--commit-seconds", default=30.0, show_default=True,
               type=click.FloatRange(min=0, min_open=True), metavar="S",
               help="...or after S seconds, whichever comes first.")
+@click.option("--ocr/--no-ocr", default=True, show_default=True,
+              help="Read pictures and PDF pages without a text layer by OCR (Tesseract); "
+                   "also RAGSPEC_OCR=0. RAGSPEC_OCR_MAX_PAGES caps the pages per file (200).")
 @json_option
 def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_symlinks: bool,
-           commit_every: int, commit_seconds: float, as_json: bool) -> None:
+           commit_every: int, commit_seconds: float, ocr: bool, as_json: bool) -> None:
     """Add files and folders to the index, or bring changed files up to date.
 
-    Supported: PDF, plain text, Markdown, HTML and Word (.docx) files. Text files in another
+    Supported: PDF, plain text, Markdown, HTML, Word (.docx), PowerPoint (.pptx), Excel (.xlsx),
+    CSV, EPUB, OpenDocument (.odt, .odp) and picture (.png, .jpg, .tiff: OCR) files; PDF
+    pages without a text layer are read by OCR too. Text files in another
     encoding than UTF-8 (UTF-16, Windows-1252, Shift_JIS, ...) are detected and read, and the
     report names the encoding. Unchanged files are skipped (by content hash); changed files
     replace their old passages. A file that cannot be read is reported and the others are still
@@ -96,15 +101,23 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_s
       RAGSPEC_MAX_FILE_MB (50), RAGSPEC_MAX_PDF_PAGES (2000), RAGSPEC_MAX_CHARS (10000000),
       RAGSPEC_MAX_UNZIPPED_MB (128), RAGSPEC_MAX_ZIP_RATIO (200)
     """
+    from ragspec.retrieval import ocr as ocr_settings
     from ragspec.retrieval.ingest import ingest_paths
     from ragspec.retrieval.limits import IngestLimits
 
     try:
         limits = IngestLimits.from_env()
-    except ValueError as exc:  # a RAGSPEC_MAX_* setting that is not a positive number
+        ocr_settings.OcrSettings.from_env()
+    except ValueError as exc:  # a RAGSPEC_MAX_* or RAGSPEC_OCR_* setting out of range
         raise click.ClickException(str(exc)) from exc
     store = open_store(index)
     bar = _ProgressBar()
+    # For this command only (the chat's uploads run in the same process, with their defaults).
+    switches = [(ocr_settings.on_page, ocr_settings.on_page.set(
+        lambda done, total, seconds: click.echo(f"OCR: page {done}/{total} ({seconds:.1f} s)",
+                                                err=True)))]
+    if not ocr:
+        switches.append((ocr_settings.turned_off, ocr_settings.turned_off.set(True)))
     try:
         report = ingest_paths(
             list(paths_), store, recursive=recursive, progress=bar, limits=limits,
@@ -115,6 +128,8 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_s
         raise click.ClickException(printable(str(exc))) from exc
     finally:
         bar.close()
+        for variable, token in reversed(switches):
+            variable.reset(token)
     if as_json:
         click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
     else:

@@ -28,7 +28,7 @@ from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.calibrate import CostWatch
 from ragspec.decoding.ngram import Match, NgramIndex
 from ragspec.decoding.packed import step_forward
-from ragspec.decoding.policy import DraftPolicy, ForwardCost
+from ragspec.decoding.policy import DraftGovernor, DraftPolicy, ForwardCost
 from ragspec.decoding.provenance import locate_origin
 from ragspec.decoding.repetition import RepetitionGuard, penalty_windows
 from ragspec.decoding.sampling import (
@@ -204,7 +204,12 @@ class GenerationStream:
         self._policy = (gen.policy_for(config)
                         if config.draft.enabled and forced is None else None)
         self._index = NgramIndex(prompt, min_n=config.draft.min_ngram,
-                                 max_n=config.draft.max_ngram)
+                                 max_n=config.draft.max_ngram,
+                                 occurrences=config.draft.occurrences)
+        # per generation: what drafts may lose to plain steps (None: unbounded)
+        self._governor = (DraftGovernor(self._policy.cost)
+                          if self._policy is not None and config.draft.adaptive
+                          and config.draft.governed else None)
         self._cache = None
         repeat = config.repeat
         self._guard = (RepetitionGuard(repeat.stop_ngram, repeat.stop_count)
@@ -283,8 +288,14 @@ class GenerationStream:
             tokens = list(self.forced[len(self.token_ids) : len(self.token_ids) + cfg.draft.max_draft])
             match = Match(n=0, extended=0, origin=len(self._index), tokens=tokens)
             return match, tokens[: max(0, remaining - 1)]
+        context = len(self._index) - 1
         match = self._index.propose(cfg.draft.max_draft)
-        k = self._policy.choose(match, remaining, len(self._index) - 1) if self._policy else 0
+        k = self._policy.choose(match, remaining, context) if self._policy else 0
+        if self._governor is not None and k > 0:
+            allowed = self._governor.limit(k, context)
+            if not allowed:  # suspended: follow the proposal without verifying it
+                self._governor.shadow(match.tokens[:k], context)
+            k = allowed
         return match, (match.tokens[:k] if k > 0 else [])
 
     def _verify(self, draft: list[int]) -> torch.Tensor:
@@ -313,6 +324,8 @@ class GenerationStream:
             crop_cache(self._cache, len(self._index) + accepted)
         if self._policy is not None and draft:
             self._policy.observe(match, len(draft), accepted)
+        if self._governor is not None and draft:
+            self._governor.record(len(draft), accepted, len(self._index) - 1)
         self.stats.forward_passes += 1
         origin = match.origin if draft and self.forced is None else None
         return Step([*draft[:accepted], token], accepted, len(draft), origin)
@@ -326,6 +339,8 @@ class GenerationStream:
             kept += 1
             self.token_ids.append(token)
             self._index.append(token)
+            if self._governor is not None:
+                self._governor.push(token)
             drafted = i < step.accepted
             hit = self._text.push(token, drafted, step.origin if drafted else None)
             reason = ("eos" if token in self.gen.eos_token_ids else "stop_string" if hit

@@ -9,10 +9,15 @@ runs in bf16 (fp32 with exact=True). It never downloads. `spec` is:
   * a folder holding a transformers model (config.json and weights);
   * a `.gguf` file: de-quantised once into cache_dir, keyed by its content (ragspec.decoding.convert);
   * a hub id ("owner/name") already in the local Hugging Face cache (`ragspec pull ID` puts it
-    there; ragspec.decoding.hub).
+    there; ragspec.decoding.hub);
+  * "ollama:NAME[:TAG]" or "lmstudio:NAME": the GGUF file those tools keep, loaded where it
+    lies (ragspec.decoding.local_models).
 A spec that names nothing on this machine raises ModelNotFound, a model ragspec cannot run
 (encoder-decoder, no causal-LM head, unreadable GGUF, unknown architecture) ModelNotSupported:
 both with one line that says which and what to do.
+
+A packed model of a family ragspec.decoding.native_step covers runs its decode and verify steps
+as one native call (LoadedModel.step says which path runs, and why not native).
 
 Also decided at load time: the attention implementation (ragspec.decoding.attention.install) and whether
 the model's cache can be rolled back after a rejected draft (ragspec.decoding.cache.rollback_problem).
@@ -62,6 +67,9 @@ class LoadedModel:
     speculation_off_reason: str | None = None
     weights: str = "fp32"  # what the linear layers run: ragspec.decoding.weights.WEIGHTS
     weights_note: str = ""  # e.g. "Q4_1 + Q8_0, 96.6 MB packed" ("" for fp32/bf16)
+    # how decode steps run: "native" (one native call, ragspec.decoding.native_step) or
+    # "modules" with why ("modules" alone for fp32/bf16, which always keep transformers' modules)
+    step: str = "modules"
 
     @property
     def speculation_note(self) -> str | None:
@@ -237,6 +245,7 @@ def load_model(
     from ragspec.decoding.weights import WeightsUnavailable, choose
 
     start = time.perf_counter()
+    spec = _local_spec(spec, Path(cache_dir))
     dev = pick_device(device)
     _configure_threads(dev)
     try:
@@ -249,6 +258,16 @@ def load_model(
         loaded = _load_packed(spec, Path(cache_dir), choice, on_convert)
     loaded.load_seconds = time.perf_counter() - start
     return loaded
+
+
+def _local_spec(spec: str | None, cache_dir: Path) -> str | None:
+    """An ollama:/lmstudio: spec as the GGUF file it names (ragspec.decoding.local_models)."""
+    from ragspec.decoding.local_models import LocalModelError, linked_gguf
+
+    try:
+        return linked_gguf(spec, cache_dir) or spec
+    except LocalModelError as exc:
+        raise ModelNotFound(str(exc)) from exc
 
 
 def _load_transformers(spec, cache_dir: Path, dev: torch.device, dtype: torch.dtype,
@@ -284,6 +303,7 @@ def _load_transformers(spec, cache_dir: Path, dev: torch.device, dtype: torch.dt
 
 def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
     """Packed weights on the native kernels (ragspec.decoding.weights)."""
+    from ragspec.decoding import native_step
     from ragspec.decoding.attention import NATIVE
     from ragspec.decoding.cache import rollback_problem, takes_cache
     from ragspec.decoding.packing import PackingError
@@ -299,6 +319,7 @@ def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
             folder, made = quantised_folder(Path(source), choice, cache_dir, on_convert)
             path, converted = str(folder), converted or made
         model, tokenizer = load_packed(Path(path))
+        not_native = native_step.install(model)
     except (PackingError, KeyError, NotImplementedError) as exc:
         raise ModelNotSupported(f"{spec or BUNDLED}: its weights cannot run packed "
                                 f"({exc.__class__.__name__}: {str(exc)[:200]}); try --weights fp32"
@@ -312,7 +333,8 @@ def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=torch.device("cpu"),
                        dtype=torch.float32, load_seconds=0.0, converted=converted,
                        attention=NATIVE, speculation_off_reason=rollback_problem(model),
-                       weights=choice, weights_note=describe(model))
+                       weights=choice, weights_note=describe(model),
+                       step="native" if not_native is None else f"modules ({not_native})")
 
 
 def chat_prompt_text(tokenizer, messages: list[dict[str, str]]) -> tuple[str, bool]:

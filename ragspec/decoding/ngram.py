@@ -4,9 +4,16 @@ Works on token ids only (lists of ints); knows nothing of text, tensors or model
 no torch, so it can be checked against a brute-force matcher.
 
 The index holds one growing sequence (the prompt, then each generated token as it is accepted).
-For every n in [min_n, max_n] it maps each n-gram to the *latest* position where it ended with at
-least one token after it. An n-gram is therefore entered one token late, when its continuation
-arrives: the suffix that is being looked up never matches itself.
+For every n in [min_n, max_n] it maps each n-gram to the positions where it ended with at least
+one token after it, oldest first. An n-gram is therefore entered one token late, when its
+continuation arrives: the suffix that is being looked up never matches itself.
+
+Which occurrence to copy: with occurrences=1 the latest one. With occurrences=m > 1 the latest m
+are compared by how far back each agrees with the current sequence (Match.extended) and the
+longest agreement wins, the latest among equals: a suffix of four tokens that a passage and the
+answer's own earlier sentence share is continued from the one whose history matches more.
+`alternatives` lists the continuations of the other occurrences (one per distinct next token),
+for verifying several candidates at once.
 
 Worked example, min_n=1, max_n=3, the sequence
 
@@ -18,8 +25,9 @@ continuation, at position 2; so the match has n=3, position 2, and the draft cop
 followed: [2, 5, 7, 9] (up to max_tokens; the copy may run into the suffix itself, which is how
 repeated patterns extend). origin = 3, the position of the first copied token.
 
-Appending costs O(max_n) dict updates and proposing costs O(max_n) lookups plus the draft's
-length, whatever the sequence's length: nothing rescans the context.
+Appending costs O(max_n) dict updates and proposing costs O(max_n) lookups plus, per compared
+occurrence, at most extend_cap comparisons and the draft's length, whatever the sequence's
+length: nothing rescans the context.
 """
 
 from __future__ import annotations
@@ -49,17 +57,21 @@ class NgramIndex:
 
     extend_cap = 64
 
-    def __init__(self, tokens: list[int] | tuple[int, ...] = (), *, min_n: int = 1, max_n: int = 4):
+    def __init__(self, tokens: list[int] | tuple[int, ...] = (), *, min_n: int = 1, max_n: int = 4,
+                 occurrences: int = 1):
+        if occurrences < 1:
+            raise ValueError(f"occurrences must be >= 1, got {occurrences}")
         if min_n < 1:
             raise ValueError(f"min_n must be >= 1, got {min_n}")
         if max_n < min_n:
             raise ValueError(f"max_n ({max_n}) must be >= min_n ({min_n})")
         self.min_n = min_n
         self.max_n = max_n
+        self.occurrences = occurrences
         self.tokens: list[int] = []
-        # _latest[n][ngram] = end position (inclusive) of the latest occurrence that has a
-        # continuation, i.e. end < len(tokens) - 1.
-        self._latest: dict[int, dict[tuple[int, ...], int]] = {
+        # _ends[n][ngram] = end positions (inclusive) of the occurrences that have a
+        # continuation, i.e. end < len(tokens) - 1, in increasing order.
+        self._ends: dict[int, dict[tuple[int, ...], list[int]]] = {
             n: {} for n in range(min_n, max_n + 1)
         }
         self.extend(tokens)
@@ -73,32 +85,42 @@ class NgramIndex:
         end = len(toks) - 1
         if end >= 0:
             for n in range(self.min_n, min(self.max_n, end + 1) + 1):
-                self._latest[n][tuple(toks[end - n + 1 : end + 1])] = end
+                self._ends[n].setdefault(tuple(toks[end - n + 1 : end + 1]), []).append(end)
         toks.append(int(token))
 
     def extend(self, tokens) -> None:
         for t in tokens:
             self.append(t)
 
+    def _agreement(self, end: int, n: int) -> int:
+        """How far back the occurrence ending at `end` agrees with the sequence's end (>= n)."""
+        toks, last = self.tokens, len(self.tokens) - 1
+        extended = n
+        while (extended < self.extend_cap and end - extended >= 0
+               and toks[end - extended] == toks[last - extended]):
+            extended += 1
+        return extended
+
     def propose(self, max_tokens: int) -> Match | None:
-        """Longest suffix (max_n down to min_n) seen before; ties go to the latest occurrence.
+        """Longest suffix (max_n down to min_n) seen before; among its latest `occurrences`
+        places the one agreeing furthest back, the latest among equals.
 
         Returns None when no suffix of length >= min_n occurred earlier.
         """
         toks = self.tokens
         length = len(toks)
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
-            end = self._latest[n].get(tuple(toks[length - n :]))
-            if end is None:
+            ends = self._ends[n].get(tuple(toks[length - n :]))
+            if not ends:
                 continue
-            extended = n
-            while (
-                extended < self.extend_cap
-                and end - extended >= 0
-                and toks[end - extended] == toks[length - 1 - extended]
-            ):
-                extended += 1
-            start = end + 1
+            best_end, extended = ends[-1], self._agreement(ends[-1], n)
+            for end in reversed(ends[-self.occurrences : -1]):
+                if extended >= self.extend_cap:
+                    break
+                agreement = self._agreement(end, n)
+                if agreement > extended:
+                    best_end, extended = end, agreement
+            start = best_end + 1
             return Match(
                 n=n,
                 extended=extended,
@@ -107,3 +129,20 @@ class NgramIndex:
             )
         return None
 
+    def alternatives(self, skip: int | None, count: int, length: int,
+                     per_suffix: int = 16) -> list[list[int]]:
+        """Up to `count` continuations (`length` tokens each) of earlier occurrences of the
+        current suffix, longest suffix first, latest first, one per distinct next token and
+        none starting with `skip` (the main draft's first token). Looks at the latest
+        `per_suffix` occurrences of each suffix length."""
+        toks, found, seen = self.tokens, [], {skip}
+        length_now = len(toks)
+        for n in range(min(self.max_n, length_now), self.min_n - 1, -1):
+            for end in reversed(self._ends[n].get(tuple(toks[length_now - n :]), [])[-per_suffix:]):
+                if toks[end + 1] in seen:
+                    continue
+                seen.add(toks[end + 1])
+                found.append(toks[end + 1 : end + 1 + length])
+                if len(found) >= count:
+                    return found
+        return found

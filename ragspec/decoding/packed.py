@@ -17,6 +17,12 @@ chosen per forward:
     fp32|bf16 overrides. Prefill runs the same way whether speculation is on or off, so it
     does not affect exactness.
 
+A weight may be stored tiled (`PackedWeight.tiled`, made by `tile`): its rows regrouped in tiles
+of 16 so that the kernel multiplies 16 output features per instruction (layout and kernel:
+ragspec/decoding/native/tiled.h). The bytes are a permutation of the GGUF rows (`untile` gives
+them back), the shape is the same, and every operation (products, row look-ups, de-quantisation)
+gives the same values for a tiled weight on every machine; only the speed differs.
+
 Which path a forward takes depends only on its shape (and the `step_forward` override), so every
 caller of the same model object — ragspec's engine and transformers' `generate` alike — runs the
 same function.
@@ -32,6 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,6 +49,12 @@ FORMATS: dict[str, tuple[int, int, int]] = {
     "Q4_K": (6, 256, 144), "Q5_K": (7, 256, 176), "Q6_K": (8, 256, 210),
     "Q5_0": (9, 32, 22), "Q5_1": (10, 32, 24),
 }
+# Tiled weights: rows per tile, the bit added to the format's code, the formats that tile, and
+# each format's 2-byte fields at the start and end of a block (every other field is 4 bytes).
+TILE_ROWS = 16
+TILED_BIT = 32
+TILEABLE = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+_HALVES = {"Q4_0": (1, 0), "Q8_0": (1, 0), "Q6_K": (0, 1)}
 # Forwards over at most this many rows are steps (decode, verify); longer ones are prefills.
 STEP_ROWS = 64
 # Prefill de-quantises at most this many values of a weight at a time.
@@ -104,6 +117,7 @@ class PackedWeight:
     data: torch.Tensor  # (N, bytes per row) uint8, contiguous, on the CPU
     fmt: str
     in_features: int
+    tiled: bool = False  # rows stored in tiles of 16 (see `tile`)
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
@@ -118,12 +132,14 @@ class PackedWeight:
         if self.data.shape[1] != expected:
             raise ValueError(f"{self.fmt} rows of {self.in_features} values take {expected} bytes, "
                              f"not {self.data.shape[1]}")
+        if self.tiled and self.fmt not in TILEABLE:
+            raise ValueError(f"{self.fmt} weights cannot be tiled; tiled formats: {', '.join(TILEABLE)}")
         if not self.data.is_contiguous():
             self.data = self.data.contiguous()
 
     @property
     def code(self) -> int:
-        return FORMATS[self.fmt][0]
+        return FORMATS[self.fmt][0] | (TILED_BIT if self.tiled else 0)
 
     @property
     def out_features(self) -> int:
@@ -140,6 +156,68 @@ class PackedWeight:
     def dequantize(self) -> torch.Tensor:
         """The whole matrix in fp32 (N, K): for tests and conversions, not for running."""
         return self.rows(torch.arange(self.out_features))
+
+
+def _regions(fmt: str) -> list[tuple[int, int, int]]:
+    """(start, fields, width) of the 2-byte head, the 4-byte middle and the 2-byte tail of a block."""
+    block = FORMATS[fmt][2]
+    head, tail = _HALVES.get(fmt, (2, 0))
+    middle = block - 2 * head - 2 * tail
+    return [(0, head, 2), (2 * head, middle // 4, 4), (block - 2 * tail, tail, 2)]
+
+
+def _retile(data: np.ndarray, fmt: str, to_tiles: bool) -> np.ndarray:
+    """GGUF rows -> tiles (to_tiles) or back: each field of 16 rows side by side, per block."""
+    n, row_bytes = data.shape
+    block = FORMATS[fmt][2]
+    blocks, tiles = row_bytes // block, n // TILE_ROWS
+    out = data.copy()
+    if tiles == 0:
+        return out
+    src, dst = data[:tiles * TILE_ROWS], out[:tiles * TILE_ROWS]
+    for start, fields, width in _regions(fmt):
+        if fields == 0:
+            continue
+        end = start + fields * width
+        as_rows = (tiles, TILE_ROWS, blocks, block)
+        as_tiles = (tiles, blocks, TILE_ROWS * block)
+        if to_tiles:
+            part = src.reshape(as_rows)[..., start:end].reshape(tiles, TILE_ROWS, blocks, fields, width)
+            dst.reshape(as_tiles)[..., TILE_ROWS * start:TILE_ROWS * end] = (
+                part.transpose(0, 2, 3, 1, 4).reshape(tiles, blocks, -1))
+        else:
+            part = src.reshape(as_tiles)[..., TILE_ROWS * start:TILE_ROWS * end].reshape(
+                tiles, blocks, fields, TILE_ROWS, width)
+            dst.reshape(as_rows)[..., start:end] = part.transpose(0, 3, 1, 2, 4).reshape(
+                tiles, TILE_ROWS, blocks, -1)
+    return out
+
+
+def _flip_q8(data: np.ndarray, fmt: str, tiles: int) -> None:
+    """Q8_0's quants of the tiled rows, as signed <-> plus 128 (in place)."""
+    if fmt == "Q8_0" and tiles:
+        blocks = data[:tiles * TILE_ROWS].reshape(tiles * TILE_ROWS, -1, 34)
+        blocks[:, :, 2:] ^= 0x80
+
+
+def tile(weight: PackedWeight) -> PackedWeight:
+    """The weight with its rows in tiles of 16 (a copy; itself when its format does not tile or
+    it is tiled already)."""
+    if weight.tiled or weight.fmt not in TILEABLE:
+        return weight
+    rows = weight.data.numpy().copy()
+    _flip_q8(rows, weight.fmt, rows.shape[0] // TILE_ROWS)
+    return PackedWeight(torch.from_numpy(_retile(rows, weight.fmt, True)), weight.fmt,
+                        weight.in_features, tiled=True)
+
+
+def untile(weight: PackedWeight) -> PackedWeight:
+    """The weight as GGUF rows (a copy; itself when it is not tiled)."""
+    if not weight.tiled:
+        return weight
+    rows = _retile(weight.data.numpy(), weight.fmt, False)
+    _flip_q8(rows, weight.fmt, rows.shape[0] // TILE_ROWS)
+    return PackedWeight(torch.from_numpy(rows), weight.fmt, weight.in_features)
 
 
 class PackedLinear(nn.Module):

@@ -14,6 +14,8 @@ Contract:
     "bf16": BF16) by gguf's own quantisers.
   * `save(entries, file)` / `load(file)` — one safetensors file (uint8 rows for packed weights,
     their format in the metadata); `load` memory-maps it, so resident memory is what is used.
+    `save` stores weights of the tileable formats tiled (packed.tile: the layout the fastest
+    kernel reads, so loading stays a memory map); RAGSPEC_WEIGHT_LAYOUT=rows keeps GGUF rows.
   * `build(folder, entries)` — the transformers model of `folder`'s config with PackedLinear /
     PackedEmbedding layers in place of the packed ones, every other tensor assigned, and
     buffers (rotary frequencies) initialised as transformers initialises them.
@@ -22,15 +24,17 @@ Contract:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from ragspec.decoding.packed import FORMATS, PackedEmbedding, PackedLinear, PackedWeight
+from ragspec.decoding.packed import FORMATS, PackedEmbedding, PackedLinear, PackedWeight, tile
 
 PACKED_FILE = "packed.safetensors"
+LAYOUT_ENV = "RAGSPEC_WEIGHT_LAYOUT"
 _META_KEY = "ragspec.packed"
 WEIGHT_CHOICES = ("int8", "int4", "bf16")
 # gguf's quantiser for each choice: linear layers, then embeddings and the LM head.
@@ -187,6 +191,9 @@ def save(entries: dict[str, PackedWeight | torch.Tensor], file: Path | str) -> N
     """One safetensors file; shared packed weights are stored once (under their first name)."""
     from safetensors.torch import save_file
 
+    layout = os.environ.get(LAYOUT_ENV, "tiled").strip().lower() or "tiled"
+    if layout not in ("tiled", "rows"):
+        raise PackingError(f"{LAYOUT_ENV}={layout!r}: choose tiled or rows")
     tensors, formats, aliases, first = {}, {}, {}, {}
     for name, value in entries.items():
         if isinstance(value, PackedWeight):
@@ -195,8 +202,10 @@ def save(entries: dict[str, PackedWeight | torch.Tensor], file: Path | str) -> N
                 aliases[name] = first[key]
                 continue
             first[key] = name
+            if layout == "tiled":
+                value = tile(value)
             tensors[name] = value.data.contiguous()
-            formats[name] = [value.fmt, value.in_features]
+            formats[name] = [value.fmt, value.in_features] + (["tiled"] if value.tiled else [])
         else:
             tensors[name] = value.contiguous()
     meta = {_META_KEY: json.dumps({"formats": formats, "aliases": aliases})}
@@ -214,8 +223,8 @@ def load(file: Path | str) -> dict[str, PackedWeight | torch.Tensor]:
         for name in f.keys():
             tensor = f.get_tensor(name)
             if name in formats:
-                fmt, k = formats[name]
-                entries[name] = PackedWeight(tensor, fmt, int(k))
+                fmt, k, *layout = formats[name]
+                entries[name] = PackedWeight(tensor, fmt, int(k), tiled=layout == ["tiled"])
             else:
                 entries[name] = tensor
     for name, target in aliases.items():

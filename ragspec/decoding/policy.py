@@ -163,3 +163,86 @@ class DraftPolicy:
 
     def observe(self, match: Match, drafted: int, accepted: int) -> None:
         self.acceptance.observe(match.extended, drafted, accepted)
+
+
+class DraftGovernor:
+    """Per generation, the rule that keeps speculation from losing to plain decoding.
+
+    A ledger counts, in plain steps (units of c(1)), what the verified drafts cost beyond plain
+    decoding of the same tokens: a step that verified k draft tokens and kept a of them adds
+    (c(k+1) - (a+1)·c(1)) / c(1), negative when it paid. Gains are banked only up to `credit`
+    plain steps, so an early run of good drafts cannot pay for a long bad stretch later.
+
+      * A draft of k tokens is verified only if its worst case — every token rejected, a loss
+        of (c(k+1) - c(1)) / c(1) — keeps the ledger within `budget`; the draft is cut to the
+        longest that does.
+      * When not even one token fits, drafting is suspended: the generation runs plain steps.
+        Proposals are then followed in shadow (`shadow`, settled by `push` as the model's own
+        tokens arrive) and their would-be outcome enters the ledger the same way; when it is
+        back to <= 0 drafting resumes with the ledger at 0. After `max_resumes` resumptions
+        a suspension is final.
+
+    So by the cost curve a generation loses at most (1 + max_resumes) · budget plain steps to
+    plain decoding, however its drafts fare, and a question that drafts badly is back to plain
+    steps after about `budget` plain steps' worth of rejections. Exact: it only decides whether
+    to draft, never what the model writes."""
+
+    def __init__(self, cost: ForwardCost, budget: float = 1.0, credit: float = 2.0,
+                 max_resumes: int = 2):
+        if budget <= 0 or credit < 0 or max_resumes < 0:
+            raise ValueError("DraftGovernor needs budget > 0, credit >= 0 and max_resumes >= 0")
+        self.cost = cost
+        self.budget = budget
+        self.credit = credit
+        self.max_resumes = max_resumes
+        self.ledger = 0.0
+        self.suspended = False
+        self.suspensions = 0
+        self.resumes = 0
+        self._pending: tuple[list[int], int, int | None] | None = None  # draft, matched, context
+
+    def _loss(self, drafted: int, accepted: int, context: int | None) -> float:
+        plain = self.cost(1, context)
+        return (self.cost(drafted + 1, context) - (accepted + 1) * plain) / plain
+
+    def _add(self, loss: float) -> None:
+        self.ledger = max(self.ledger + loss, -self.credit)
+
+    def limit(self, k: int, context: int | None = None) -> int:
+        """The longest draft, at most k tokens, whose worst case fits the budget (0: suspended
+        or nothing fits; the latter suspends)."""
+        if self.suspended or k <= 0:
+            return 0
+        while k > 0 and self.ledger + self._loss(k, 0, context) > self.budget:
+            k -= 1
+        if k == 0:
+            self.suspended = True
+            self.suspensions += 1
+        return k
+
+    def record(self, drafted: int, accepted: int, context: int | None = None) -> None:
+        """A verified draft's outcome."""
+        if drafted > 0:
+            self._add(self._loss(drafted, accepted, context))
+
+    def shadow(self, draft: list[int], context: int | None = None) -> None:
+        """While suspended: follow a proposal that was not verified (one at a time)."""
+        if self.suspended and draft and self._pending is None:
+            self._pending = (list(draft), 0, context)
+
+    def push(self, token: int) -> None:
+        """A token the generation wrote: settles a shadowed proposal once it is decided."""
+        if self._pending is None:
+            return
+        draft, matched, context = self._pending
+        if token == draft[matched]:
+            matched += 1
+            if matched < len(draft):
+                self._pending = (draft, matched, context)
+                return
+        self._pending = None
+        self._add(self._loss(len(draft), matched, context))
+        if self.ledger <= 0 and self.resumes < self.max_resumes:
+            self.suspended = False
+            self.resumes += 1
+            self.ledger = 0.0

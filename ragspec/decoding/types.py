@@ -184,6 +184,11 @@ class DraftConfig:
     max_draft: the most draft tokens verified in one forward.
     adaptive: choose each draft's length from acceptance so far and the measured forward cost;
         when False, always draft as many tokens as the match offers (up to max_draft).
+    occurrences: how many of the latest earlier occurrences of the matched suffix the drafter
+        compares, copying from the one whose history agrees furthest back (1: the latest).
+    governed: bound what drafts may lose to plain decoding in one generation (with adaptive;
+        ragspec.decoding.policy.DraftGovernor): a generation that drafts badly falls back to
+        plain steps.
     """
 
     enabled: bool = True
@@ -191,6 +196,8 @@ class DraftConfig:
     max_ngram: int = 4
     max_draft: int = 16
     adaptive: bool = True
+    occurrences: int = 8
+    governed: bool = True
 
     def __post_init__(self) -> None:
         if self.min_ngram < 1:
@@ -201,6 +208,8 @@ class DraftConfig:
             )
         if not 1 <= self.max_draft <= 64:
             raise ValueError(f"max_draft must be between 1 and 64, got {self.max_draft}")
+        if not 1 <= self.occurrences <= 64:
+            raise ValueError(f"occurrences must be between 1 and 64, got {self.occurrences}")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ limits)` checks the part's declared sizes before inflating anything (its inflate
 `limits.max_unzipped_bytes`, inflated/compressed against `limits.max_zip_ratio`), refuses
 encryption and compression methods the standard library cannot read, then yields the inflated
 bytes in blocks, counting them against the same cap. Everything that goes wrong is a LoadError
-naming the part; nothing is ever inflated whole into memory.
+naming the part; nothing is ever inflated whole into memory. `check_parts(archive, limits)`
+applies the same declared-size checks to every part at once, and caps their sum, for formats
+read by a library that inflates parts itself (zipfile never returns more than a part declares,
+so the declared sizes bound what the library can be made to hold).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ _MAX_DIRECTORY_BYTES_PER_PART = 1024
 _RATIO_FLOOR_BYTES = MiB
 _END_OF_DIRECTORY = b"PK\x05\x06"
 _READABLE_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+# All parts of one archive together, in per-part limits: slides and e-books carry pictures, so
+# the sum is allowed more than one part, but not as many as an archive can list.
+_TOTAL_PARTS_FACTOR = 4
 
 
 def open_archive(data: bytes, limits: IngestLimits, what: str = "file") -> zipfile.ZipFile:
@@ -71,6 +77,22 @@ def read_part(archive: zipfile.ZipFile, name: str, limits: IngestLimits) -> Iter
                 yield block
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
         raise LoadError(f"{name} inside the archive is damaged ({type_name(exc)}: {exc})") from exc
+
+
+def check_parts(archive: zipfile.ZipFile, limits: IngestLimits) -> None:
+    """Every part's declared sizes checked as `read_part` checks one; their sum capped at
+    `_TOTAL_PARTS_FACTOR` times the per-part limit."""
+    total = 0
+    for info in archive.infolist():
+        _check_part(info, limits)
+        total += info.file_size
+    cap = _TOTAL_PARTS_FACTOR * limits.max_unzipped_bytes
+    if total > cap:
+        raise LoadError(
+            f"the archive's parts would inflate to {total / MiB:,.1f} MiB together, over the "
+            f"limit of {cap / MiB:,.1f} MiB ({_TOTAL_PARTS_FACTOR} times "
+            f"{ENV_FOR['max_unzipped_bytes']}); raise it if the file is genuine"
+        )
 
 
 def _check_part(info: zipfile.ZipInfo, limits: IngestLimits) -> None:

@@ -10,47 +10,25 @@ Contract: `parse(value)` reads what every command's `--index` takes:
 A malformed Milvus value is a ValueError that says the accepted forms. `open_index` returns the
 store; `current_commit` says which commit an index holds now without loading it (the chat
 reopens its store when that changes).
+
+Dependencies: this module opens the stores, so it imports them (lazily); the stores import
+only `milvus_location` (MilvusLocation), never this module.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT
+from ragspec.retrieval.milvus_location import MilvusLocation
 
 DEFAULT_COLLECTION = "ragspec"
 FORMS = ("a folder, milvus:PATH.db (Milvus Lite), or milvus://HOST:PORT/COLLECTION (a Milvus "
          "server)")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
 _SERVER = re.compile(r"milvus(\+https)?://([^/\s]+)/([^/\s]+)/?")
-
-
-@dataclass(frozen=True)
-class MilvusLocation:
-    """Where a Milvus index lives: a Milvus Lite file or a server URI, and the collection."""
-
-    uri: str  # a local file path (Milvus Lite) or http(s)://host:port
-    collection: str
-    spec: str  # as the user wrote it (shown in messages)
-
-    @property
-    def lite(self) -> bool:
-        return not self.uri.startswith(("http://", "https://"))
-
-    def lock_place(self) -> tuple[Path, str]:
-        """(folder, file name) of this index's write lock on this machine."""
-        if self.lite:
-            path = Path(self.uri)
-            return path.parent, f".{path.name}.{self.collection}.write.lock"
-        from ragspec import paths
-
-        safe = "".join(c if c.isalnum() else "-" for c in f"{self.uri}-{self.collection}")
-        return paths.home() / "locks", f"milvus-{safe}.lock"
-
-
 
 
 def is_milvus(value: str | os.PathLike | None) -> bool:

@@ -17,14 +17,17 @@ Contract:
     rows[offsets[i]:offsets[i+1]] (increasing) with their counts. The caller keeps the passage
     ids; `from_bytes` needs them in the same order and checks every array against the others.
 
-How it scales: postings live in a few sorted numpy segments (term id, row, count), searched
-with one binary search per query token and segment; scoring is vectorised over each token's
-posting list. Adds collect in compact pending arrays that become a segment at the next search
-(or when they grow large); a new segment is merged with the previous one while that is at most
-twice its size, so there are O(log n) segments and each posting is merged O(log n) times.
-Removed passages are masked out (df and N count only live passages, so scores stay exact) and
-dropped from the segments when they are half dead. Memory: ~12 bytes per (passage, distinct
-token).
+How it scales: postings live in a few sorted numpy segments (term id, row, count;
+bm25_postings.py). `top` is exact MaxScore (bm25_maxscore.py): the query's rare tokens are
+scored over their whole (short) lists, and once the k-th best score so far beats what the
+remaining tokens could add, their (long) lists are only probed for the passages already found;
+`top_exhaustive` scores every posting and is the reference `top` must equal, bit for bit. Adds
+collect in compact pending arrays that become a segment at the next search (or when they grow
+large); a new segment is merged with the previous one while that is at most twice its size, so
+there are O(log n) segments and each posting is merged O(log n) times. Removed passages are
+masked out (df and N count only live passages, so scores stay exact) and dropped from the
+segments when they are half dead. Memory: ~12 bytes per (passage, distinct token), plus a
+float per (segment, term) for the bounds.
 
 Worked example: passages a = "disk full", b = "disk quota full full", query "quota".
 N = 2, df(quota) = 1, idf = ln(1 + 1.5 / 1.5) = ln 2; only b has the token (tf 1, length 4,
@@ -36,17 +39,16 @@ from __future__ import annotations
 import io
 import logging
 import re
-from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from ragspec.retrieval.bm25_maxscore import QueryTerm, top_rows
+from ragspec.retrieval.bm25_postings import K1, B, Column, Segment, contribution, new_pending
+
 logger = logging.getLogger(__name__)
 
-K1 = 1.2
-B = 0.75
 _TOKEN = re.compile(r"\w+")
 # The rule `tokenize` applies, saved in every keywords.npz: change the name with the rule.
 TOKENIZER = "ragspec-words-1: lowercase, runs of Unicode word characters (re \\w+)"
@@ -60,58 +62,6 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
-@dataclass
-class _Segment:
-    """Postings sorted by (term, row): term ids `terms[i]` own rows[starts[i]:starts[i+1]]."""
-
-    terms: np.ndarray  # int32, increasing
-    starts: np.ndarray  # int64, len(terms) + 1
-    rows: np.ndarray  # int32
-    counts: np.ndarray  # int32
-
-    @classmethod
-    def build(cls, terms: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> _Segment:
-        order = np.lexsort((rows, terms))
-        terms, rows, counts = terms[order], rows[order], counts[order]
-        unique, first = np.unique(terms, return_index=True)
-        starts = np.append(first, len(terms)).astype(np.int64)
-        return cls(unique.astype(np.int32), starts, rows.astype(np.int32),
-                   counts.astype(np.int32))
-
-    def postings(self, term: int) -> tuple[np.ndarray, np.ndarray] | None:
-        i = int(np.searchsorted(self.terms, term))
-        if i == len(self.terms) or self.terms[i] != term:
-            return None
-        lo, hi = self.starts[i], self.starts[i + 1]
-        return self.rows[lo:hi], self.counts[lo:hi]
-
-    def flat_terms(self) -> np.ndarray:
-        return np.repeat(self.terms, np.diff(self.starts))
-
-
-class _Column:
-    """A numpy array that grows by appending (capacity doubles)."""
-
-    def __init__(self, dtype) -> None:
-        self.data = np.zeros(16, dtype=dtype)
-        self.size = 0
-
-    def append(self, value) -> None:
-        if self.size == len(self.data):
-            self.data = np.concatenate([self.data, np.zeros_like(self.data)])
-        self.data[self.size] = value
-        self.size += 1
-
-    def extend(self, values: np.ndarray) -> None:
-        while self.size + len(values) > len(self.data):
-            self.data = np.concatenate([self.data, np.zeros_like(self.data)])
-        self.data[self.size : self.size + len(values)] = values
-        self.size += len(values)
-
-    def view(self) -> np.ndarray:
-        return self.data[: self.size]
-
-
 class BM25Index:
     """See the module docstring."""
 
@@ -119,12 +69,12 @@ class BM25Index:
         self._vocabulary: dict[str, int] = {}
         self._row_of: dict[str, int] = {}  # live passage id -> row
         self._pids: list[str | None] = []  # row -> passage id (None once removed)
-        self._lengths = _Column(np.int32)
-        self._distinct = _Column(np.int32)  # distinct tokens per row: its postings
-        self._alive = _Column(np.bool_)
+        self._lengths = Column(np.int32)
+        self._distinct = Column(np.int32)  # distinct tokens per row: its postings
+        self._alive = Column(np.bool_)
         self._total_length = 0
-        self._segments: list[_Segment] = []
-        self._pending = _new_pending()
+        self._segments: list[Segment] = []
+        self._pending = new_pending()
         self._dead_postings = 0
         self._postings = 0
         self._norm: np.ndarray | None = None  # K1 * (1 - B + B * length / average), per row
@@ -143,16 +93,26 @@ class BM25Index:
     def __contains__(self, pid: str) -> bool:
         return pid in self._row_of
 
+    def ids(self) -> list[str]:
+        """The live passage ids, in the order they were added."""
+        return list(self._row_of)
+
     def add(self, pid: str, text: str) -> None:
         if pid in self._row_of:
             raise ValueError(f"passage {pid!r} is already in the keyword index")
         counts = Counter(tokenize(text))
         row = len(self._pids)
         terms, rows, tfs = self._pending
-        for token, tf in counts.items():
-            terms.append(self._vocabulary.setdefault(token, len(self._vocabulary)))
-            rows.append(row)
-            tfs.append(tf)
+        # Whole lists per passage, not three appends per token: this loop is most of ingest.
+        tokens = list(counts)
+        ids = list(map(self._vocabulary.get, tokens, [-1] * len(tokens)))
+        if -1 in ids:  # new words get the next ids, in the order they appear
+            for i, token in enumerate(tokens):
+                if ids[i] == -1:
+                    ids[i] = self._vocabulary.setdefault(token, len(self._vocabulary))
+        terms.extend(ids)
+        rows.extend([row] * len(ids))
+        tfs.extend(counts.values())
         self._append_row(pid, sum(counts.values()), len(counts))
         self._postings += len(counts)
         if len(terms) >= _SEAL_POSTINGS:
@@ -183,7 +143,54 @@ class BM25Index:
         return {self._pids[row]: float(scores[row]) for row in touched}
 
     def top(self, query: str, k: int) -> list[tuple[str, float]]:
-        """The k best (id, score) pairs, best first; ties in id order, so results are stable."""
+        """The k best (id, score) pairs, best first; ties in id order, so results are stable.
+        The same answer as `top_exhaustive`, found by MaxScore (bm25_maxscore.py): the long
+        posting lists of common words are probed, not read."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if self._total_length == 0:
+            return []
+        self._seal()
+        rows, scores = top_rows(self._query_terms(query), self._norms(len(self._row_of)),
+                                len(self._pids), k)
+        ranked = sorted(((self._pids[row], float(score)) for row, score in
+                         zip(rows.tolist(), scores.tolist(), strict=True)),
+                        key=lambda item: (-item[1], item[0]))
+        return ranked[:k]
+
+    def _query_terms(self, query: str) -> list[QueryTerm]:
+        """The query's distinct known tokens in sorted order (the exhaustive scorer's order),
+        each with its live postings, idf and bound."""
+        n = len(self._row_of)
+        average = self._total_length / n
+        alive = self._alive.view() if self._dead_postings else None
+        terms = []
+        for token in sorted(set(tokenize(query))):
+            term = self._vocabulary.get(token)
+            if term is None:
+                continue
+            lists, factor = [], 0.0
+            for segment in self._segments:
+                i = segment.find(term)
+                if i is None:
+                    continue
+                lo, hi = segment.starts[i], segment.starts[i + 1]
+                rows, tfs = segment.rows[lo:hi], segment.counts[lo:hi]
+                if alive is not None:  # removed passages wait in the segments until a merge
+                    live = alive[rows]
+                    rows, tfs = rows[live], tfs[live]
+                if len(rows):
+                    lists.append((rows, tfs))
+                    a0, best = segment.bounds(self._lengths.view(), average)
+                    factor = max(factor, float(best[i]) * max(1.0, average / a0))
+            df = sum(len(rows) for rows, _ in lists)
+            if df:
+                idf = float(np.log(1 + (n - df + 0.5) / (df + 0.5)))
+                terms.append(QueryTerm(idf, idf * (K1 + 1) * factor, lists))
+        return terms
+
+    def top_exhaustive(self, query: str, k: int) -> list[tuple[str, float]]:
+        """`top` by scoring every posting of every query token (the reference it must equal)."""
         scores, touched = self._scores(query)
         if len(touched) > k:
             # Everything scoring at least the k-th best, so ties at the edge are ordered by id.
@@ -217,7 +224,7 @@ class BM25Index:
             if not df:
                 continue
             idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
-            scores[rows] += idf * tfs * (K1 + 1) / (tfs + norm[rows])
+            scores[rows] += contribution(idf, tfs, norm[rows])
             touched[rows] = True
         return scores, np.flatnonzero(touched)
 
@@ -237,16 +244,16 @@ class BM25Index:
         terms, rows, tfs = self._pending
         if not terms:
             return
-        self._segments.append(_Segment.build(
+        self._segments.append(Segment.build(
             np.frombuffer(terms, dtype=np.int32), np.frombuffer(rows, dtype=np.int32),
             np.frombuffer(tfs, dtype=np.int32)))
-        self._pending = _new_pending()
+        self._pending = new_pending()
         # Binary-counter merging: keep segment sizes decreasing geometrically.
         while len(self._segments) >= 2 and \
                 len(self._segments[-2].rows) <= 2 * len(self._segments[-1].rows):
             self._merge(self._segments[-2:])
 
-    def _merge(self, chosen: list[_Segment] | None = None) -> None:
+    def _merge(self, chosen: list[Segment] | None = None) -> None:
         """Merge `chosen` (the last segments; default all) into one, dropping dead postings."""
         chosen = self._segments if chosen is None else chosen
         alive = self._alive.view()
@@ -255,22 +262,24 @@ class BM25Index:
         counts = np.concatenate([s.counts for s in chosen])
         live = alive[rows]
         dropped = len(rows) - int(np.count_nonzero(live))
-        merged = _Segment.build(terms[live], rows[live], counts[live])
+        merged = Segment.build(terms[live], rows[live], counts[live])
         self._segments = self._segments[: len(self._segments) - len(chosen)] + [merged]
         self._postings -= dropped
         self._dead_postings -= dropped
 
     # -- on disk ------------------------------------------------------------------------------
 
-    def to_bytes(self, order: Sequence[str]) -> bytes:
-        """The index as .npz bytes, rows in `order` (which must be exactly its passage ids)."""
+    def to_bytes(self, order: Sequence[str], *, with_ids: bool = False) -> bytes:
+        """The index as .npz bytes, rows in `order` (which must be exactly its passage ids);
+        `with_ids` also saves `order` (newline-separated: ids hold no newline), for a caller
+        that keeps the ids nowhere else (`saved_ids` reads them back)."""
         if len(order) != len(self._row_of) or set(order) != self._row_of.keys():
             raise AssertionError("the row order must list every passage of the index once")
         self._seal_pending()
         if self._segments:
             self._merge()
         else:
-            self._segments = [_Segment.build(*(np.zeros(0, dtype=np.int32),) * 3)]
+            self._segments = [Segment.build(*(np.zeros(0, dtype=np.int32),) * 3)]
         segment = self._segments[0]
         # Renumber: our row -> its place in `order`; token ids -> their place in sorted order.
         place = np.full(len(self._pids), -1, dtype=np.int64)
@@ -284,7 +293,7 @@ class BM25Index:
         new_term[by_name] = np.arange(len(used))
         flat = np.repeat(new_term, np.diff(segment.starts))
         rows = place[segment.rows]
-        canonical = _Segment.build(flat.astype(np.int32), rows.astype(np.int32), segment.counts)
+        canonical = Segment.build(flat.astype(np.int32), rows.astype(np.int32), segment.counts)
         offsets = np.zeros(len(used) + 1, dtype=np.int64)
         offsets[canonical.terms + 1] = np.diff(canonical.starts)
         offsets = np.cumsum(offsets)
@@ -299,8 +308,20 @@ class BM25Index:
             offsets=offsets,
             rows=canonical.rows,
             counts=canonical.counts,
+            **({"ids": np.frombuffer("\n".join(order).encode("utf-8"), dtype=np.uint8)}
+               if with_ids else {}),
         )
         return buffer.getvalue()
+
+    @staticmethod
+    def saved_ids(data: bytes) -> list[str]:
+        """The row order saved by `to_bytes(..., with_ids=True)`; ValueError without one."""
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+                raw = arrays["ids"].tobytes().decode("utf-8")
+        except (OSError, KeyError, ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"the keyword file holds no passage ids ({exc})") from exc
+        return raw.split("\n") if raw else []
 
     @classmethod
     def restore(cls, data: bytes | None, passages: Sequence[tuple[str, str]]) -> BM25Index:
@@ -345,15 +366,10 @@ class BM25Index:
         if len(rows):
             terms = np.flatnonzero(np.diff(offsets)).astype(np.int32)
             starts = np.append(offsets[:-1][terms], offsets[-1]).astype(np.int64)
-            index._segments = [_Segment(terms, starts, rows.astype(np.int32),
+            index._segments = [Segment(terms, starts, rows.astype(np.int32),
                                         counts.astype(np.int32))]
         index._postings = len(rows)
         return index
-
-
-def _new_pending() -> tuple[array, array, array]:
-    """Pending postings: term ids, rows, counts (compact int32 arrays, not Python lists)."""
-    return array("i"), array("i"), array("i")
 
 
 def _check(vocabulary, lengths, offsets, rows, counts, n: int) -> None:

@@ -11,11 +11,11 @@ declares a DOCTYPE (Word never writes one; it is how XML entity bombs start), is
 from __future__ import annotations
 
 import re
-from xml.parsers import expat
 
-from ragspec.retrieval.archive import open_archive, read_part
+from ragspec.retrieval.archive import open_archive
 from ragspec.retrieval.errors import LoadError
 from ragspec.retrieval.limits import IngestLimits, TextBuffer
+from ragspec.retrieval.xml_parts import parse_part
 
 _W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main "  # expat: "uri local"
 _TEXT, _PARAGRAPH, _TAB = _W + "t", _W + "p", _W + "tab"
@@ -44,7 +44,6 @@ def docx_text(data: bytes, limits: IngestLimits) -> str:
 
 
 def _extract(archive, name: str, buffer: TextBuffer, limits: IngestLimits) -> None:
-    parser = expat.ParserCreate(namespace_separator=" ")
     inside_text = False
 
     def start(tag: str, attrs: dict) -> None:
@@ -67,16 +66,5 @@ def _extract(archive, name: str, buffer: TextBuffer, limits: IngestLimits) -> No
         if inside_text:
             buffer.add(text)
 
-    def doctype(*args) -> None:
-        raise LoadError(f"{name} declares a DOCTYPE, which Word never writes; refused")
-
-    parser.StartElementHandler, parser.EndElementHandler = start, end
-    parser.CharacterDataHandler, parser.StartDoctypeDeclHandler = characters, doctype
-    try:
-        for block in read_part(archive, name, limits):
-            parser.Parse(block, False)
-        parser.Parse(b"", True)
-    except expat.ExpatError as exc:
-        raise LoadError(
-            f"the Word file is damaged: {name} is not well-formed XML ({exc}); re-save it"
-        ) from exc
+    handlers = {"start": start, "end": end, "characters": characters}
+    parse_part(archive, name, limits, handlers, what="Word file")

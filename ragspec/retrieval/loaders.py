@@ -3,7 +3,7 @@
 Contract: `load_bytes(data, name, limits)` parses exactly `data` (the bytes the caller read and
 hashed: a file is read once) as the type `name`'s suffix says, and returns LangChain `Document`s
 whose `page_content` is the text passages are cut from and whose metadata holds `source` (`name`
-as a string) and `page` (1-based page number for PDFs, None for every other type). Passage offsets
+as a string) and `page` (1-based: the PDF page, slide, sheet or chapter; see below). Passage offsets
 are character offsets into exactly this text, so it is the reference for provenance.
 `load_file(path)` is the same for a file on disk. Anything that stops a file from yielding usable
 text raises `LoadError` with a sentence a user can act on; the limits in `IngestLimits` (pages,
@@ -11,19 +11,28 @@ characters, inflated sizes) are LoadErrors too.
 
 Per type:
 - .pdf: PDFium's text layer (pdf_text.py), one Document per page; pages without text are
-  dropped but keep their numbers; a PDF without any text layer is an error (it needs OCR first).
-  The page count is checked before any page is read. Each page's metadata also holds `layout`:
-  its `PdfPage`, whose boxes give every character of `page_content` its place on the page.
+  dropped but keep their numbers; a page without text but with pictures is read by OCR when it
+  is on (images.py, ocr.py: its Document has `ocr` True and `ocr_words`, the word boxes); a PDF
+  without any text is an error. The page count is checked before any page is read. Each page
+  read from the text layer also holds `layout` in its metadata: its `PdfPage`, whose boxes give
+  every character of `page_content` its place on the page.
+- .png, .jpg, .jpeg, .tif, .tiff: OCR, one Document per frame (images.py).
 - .txt, .md, .markdown: UTF-8, or the encoding a byte-order mark or charset-normalizer finds
   (see encoding.py; a BOM is dropped; line ends become "\\n"); a file not in UTF-8 has the
   encoding's name in the metadata as `encoding`. Markdown stays as written: its markup is part
   of what users quote.
 - .html, .htm: the visible text, in one linear pass (see html_text.py).
 - .docx: headers, body and footers, streamed from the archive (see docx_text.py).
+- .pptx: one Document per slide, `page` the slide number; text, tables, speaker notes (slides.py).
+- .xlsx, .csv: one Document per group of rows, each naming its sheet and rows and repeating the
+  header row; `page` is the sheet's number in the workbook, None for .csv (sheets.py).
+- .epub: one Document per chapter of the reading order, `page` the chapter number (ebooks.py).
+- .odt: one Document; .odp: one per slide, `page` the slide number (opendoc.py).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 from collections.abc import Iterator
@@ -33,15 +42,29 @@ from pathlib import Path
 from langchain_core.documents import Document
 
 from ragspec.retrieval.docx_text import docx_text
+from ragspec.retrieval.ebooks import epub_pages
 from ragspec.retrieval.encoding import decode_text
 from ragspec.retrieval.errors import LoadError
 from ragspec.retrieval.html_text import html_text
+from ragspec.retrieval.images import IMAGE_SUFFIXES, image_pages, pdf_scanned_pages, scanned
 from ragspec.retrieval.limits import IngestLimits, too_many_chars
+from ragspec.retrieval.ocr import OcrSettings, missing
+from ragspec.retrieval.opendoc import odf_pages
 from ragspec.retrieval.pdf_text import PdfPage, read_pdf
+from ragspec.retrieval.sheets import csv_pages, xlsx_pages
+from ragspec.retrieval.slides import pptx_pages
 
 SUPPORTED_SUFFIXES: tuple[str, ...] = (
     ".pdf", ".txt", ".md", ".markdown", ".html", ".htm", ".docx",
+    ".pptx", ".xlsx", ".csv", ".epub", ".odt", ".odp", *IMAGE_SUFFIXES,
 )
+
+# Formats whose loader returns (page, text) pairs itself.
+_CONTAINERS = {
+    ".pptx": pptx_pages, ".xlsx": xlsx_pages, ".csv": csv_pages, ".epub": epub_pages,
+    ".odt": lambda data, limits: odf_pages(data, limits, slides=False),
+    ".odp": lambda data, limits: odf_pages(data, limits, slides=True),
+}
 
 # Share of control characters (other than tab/newline/CR/form feed) above which decoded "text"
 # is really binary data that happened to be valid UTF-8 (runs of NUL bytes are).
@@ -82,18 +105,22 @@ def load_bytes(
     encoding = None
     layouts: dict[int, PdfPage] = {}
     if suffix == ".pdf":
-        layouts = {page.number: page for page in _load_pdf(data, limits)}
-        pages = [(number, page.text) for number, page in layouts.items()]
+        pages, layouts = _load_pdf(data, limits)
     elif suffix in (".html", ".htm"):
         pages = [(None, _checked_text(html_text(data, limits)))]
     elif suffix == ".docx":
         pages = [(None, docx_text(data, limits))]
+    elif suffix in _CONTAINERS:
+        pages = _CONTAINERS[suffix](data, limits)
+    elif suffix in IMAGE_SUFFIXES:
+        pages = image_pages(data, OcrSettings.from_env())
     else:
         text, encoding = _load_text(data, limits)
         pages = [(None, text)]
     extra = {} if encoding is None else {"encoding": encoding}
-    docs = [Document(page_content=text, metadata={"source": str(name), "page": page, **extra})
-            for page, text in pages if text.strip()]
+    docs = [Document(page_content=text,
+                     metadata={"source": str(name), "page": page, **extra, **dict(*more)})
+            for page, text, *more in pages if text.strip()]
     for doc in docs:
         if doc.metadata["page"] in layouts:
             doc.metadata["layout"] = layouts[doc.metadata["page"]]
@@ -119,14 +146,46 @@ def _checked_text(text: str) -> str:
     return text
 
 
-def _load_pdf(data: bytes, limits: IngestLimits) -> list[PdfPage]:
-    pages = read_pdf(data, limits)
-    if not any(page.text.strip() for page in pages):
-        raise LoadError(
-            f"no extractable text in {len(pages)} page(s): the PDF has no text layer "
-            "(scanned images?); run OCR on it (e.g. `ocrmypdf in.pdf out.pdf`) and ingest the result"
-        )
+def _load_pdf(data: bytes, limits: IngestLimits) -> tuple[list, dict[int, PdfPage]]:
+    """(pages as (number, text[, metadata]), the text layer's PdfPage of each page that has text)."""
+    layers = read_pdf(data, limits)
+    pages: list = [(page.number, page.text) for page in layers]
+    layouts = {page.number: page for page in layers if page.text.strip()}
+    pictured = _pictured(data, pages) if len(layouts) < len(layers) else []
+    pages = _ocr_pdf(data, pages, pictured)
+    if not any(text.strip() for _, text, *_ in pages):
+        settings = OcrSettings.from_env()
+        if not pictured:
+            why = "its pages draw no pictures either (blank pages?)"
+        elif not settings.enabled:
+            why = "OCR is turned off (RAGSPEC_OCR=0 or --no-ocr)"
+        else:
+            why = missing(settings) or "OCR found no words on them"
+        raise LoadError(f"no extractable text in {len(pages)} page(s): the PDF has no text "
+                        f"layer (scanned images?); {why}")
+    return pages, layouts
+
+
+def _pictured(data: bytes, pages: list[tuple[int, str]]) -> list[int]:
+    """The pages without text that draw a picture (OCR can read them); none if pypdf cannot tell."""
+    from pypdf import PdfReader
+
+    try:
+        with _quiet("pypdf"):
+            return scanned(PdfReader(io.BytesIO(data)), pages)
+    except Exception:  # noqa: BLE001 - pypdf raises many types on files PDFium reads; no OCR then
+        return []
     return pages
+
+
+def _ocr_pdf(data: bytes, pages: list, pictured: list[int]) -> list:
+    """`pages` with the text OCR reads on the `pictured` ones, when OCR is on and can run."""
+    settings = OcrSettings.from_env()
+    if not pictured or not settings.enabled or missing(settings):
+        return pages
+    recognised = {number: (number, text, meta)
+                  for number, text, meta in pdf_scanned_pages(data, pictured, settings)}
+    return [recognised.get(page[0], page) for page in pages]
 
 
 @contextmanager

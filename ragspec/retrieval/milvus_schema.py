@@ -3,11 +3,13 @@
 Contract: `create_collections(client, (passages, documents, meta), dim, vector_index)` creates
 whichever of the three does not exist yet, with its indexes, and loads them; existing ones are
 left as they are. Vectors are searched by inner product on normalised vectors (cosine
-similarity). `vector_index` (RAGSPEC_MILVUS_INDEX when the collection is created) is "FLAT" by
-default: exact, like the FAISS folder store, so both backends rank the same passages the same
-way; "IVF_FLAT" clusters the vectors (IVF_NLIST lists) and searches the IVF_NPROBE nearest
-lists: approximate, for indexes too large to scan on every question (Milvus Lite offers these
-two; a server offers more);
+similarity). RAGSPEC_MILVUS_INDEX, read when the collection is created, is "AUTO" by default:
+FLAT (exact, like the FAISS folder store, so both backends rank the same passages the same
+way) until a commit leaves APPROX_THRESHOLD passages, when `use_ivf` rebuilds the vector index
+as IVF_FLAT: the vectors clustered into IVF_NLIST lists, the IVF_NPROBE nearest searched
+(approximate, for indexes too large to scan on every question; the same threshold as the FAISS
+folder's, faiss_ann.py). "FLAT" or "IVF_FLAT" fixes the index (Milvus Lite offers these two; a
+server offers more);
 the text field is analysed by Milvus' standard tokenizer with lowercasing, and its BM25 function
 fills the sparse field that keyword search ranks. Also here: `quiet_imports` (pymilvus and
 milvus-lite without their log noise) and `document_row` (a documents-collection row).
@@ -22,19 +24,36 @@ from ragspec.retrieval.records import DocumentInfo
 
 BM25_PARAMS = {"bm25_k1": 1.2, "bm25_b": 0.75}
 INDEX_ENV = "RAGSPEC_MILVUS_INDEX"
-VECTOR_INDEXES = ("FLAT", "IVF_FLAT")
+VECTOR_INDEXES = ("AUTO", "FLAT", "IVF_FLAT")
+APPROX_THRESHOLD = 50_000
 IVF_NLIST = 1024
-IVF_NPROBE = 32
+IVF_NPROBE = 256  # a quarter of the lists: questions sit far from the passages (faiss_ann.py)
 
 
 def vector_index_from_env() -> str:
-    """The vector index a new collection gets (RAGSPEC_MILVUS_INDEX, default FLAT)."""
+    """The vector index policy of a new collection (RAGSPEC_MILVUS_INDEX, default AUTO)."""
     import os
 
-    kind = (os.environ.get(INDEX_ENV) or "FLAT").upper()
+    kind = (os.environ.get(INDEX_ENV) or "AUTO").upper()
     if kind not in VECTOR_INDEXES:
         raise ValueError(f"{INDEX_ENV}={kind!r}: use one of {', '.join(VECTOR_INDEXES)}")
     return kind
+
+
+def _vector_index_params(client, kind: str):
+    index = client.prepare_index_params()
+    index.add_index("vector", index_type=kind, metric_type="IP",
+                    params={"nlist": IVF_NLIST} if kind == "IVF_FLAT" else {})
+    return index
+
+
+def use_ivf(client, passages: str) -> None:
+    """Rebuild the passages collection's vector index as IVF_FLAT (the data stays)."""
+    client.release_collection(passages)
+    for name in client.list_indexes(passages, field_name="vector"):
+        client.drop_index(passages, name)
+    client.create_index(passages, _vector_index_params(client, "IVF_FLAT"))
+    client.load_collection(passages)
 
 
 def search_params(kind: str) -> dict:
@@ -65,9 +84,7 @@ def create_collections(client, names: tuple[str, str, str], dim: int,
         schema.add_function(Function(name="text_bm25", function_type=FunctionType.BM25,
                                      input_field_names=["text"],
                                      output_field_names=["sparse"]))
-        index = client.prepare_index_params()
-        index.add_index("vector", index_type=vector_index, metric_type="IP",
-                        params={"nlist": IVF_NLIST} if vector_index == "IVF_FLAT" else {})
+        index = _vector_index_params(client, vector_index)
         index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25",
                         params=BM25_PARAMS)
         client.create_collection(passages, schema=schema, index_params=index,

@@ -9,16 +9,20 @@ the BM25 field, and that vector store's own dense search refuses a collection ho
 Collections, named from the location's collection name N (default "ragspec"):
   N             one row per passage: pk = "<passage id>@<gen>", pid, doc_id, gen, page (0 =
                 none), start, text (analysed: standard tokenizer, lowercase), vector (exact
-                inner product, FLAT), sparse (Milvus' own BM25 function of text, k1 = 1.2,
-                b = 0.75: the keyword ranking of hybrid search).
+                inner product, FLAT), sparse (Milvus' own BM25 function of text; kept in
+                the schema, not ranked by: see below).
   N_documents   one row per stored document version: pk = "<doc_id>@<gen>", its DocumentInfo.
   N_meta        pk "manifest": the last complete commit (gen, commit id, embedder, dim);
                 pk "retired:<doc_id>@<gen>": a document version that commit `gen` replaced or
                 removed, until its rows are deleted.
 
+Keyword search is ragspec's own BM25 (milvus_keywords.py: the bm25.py index of the committed
+passages, in a file beside the Milvus data that each manifest names), so a hybrid answer is the
+same as from the FAISS folder holding the same passages: one tokenizer, one set of statistics.
+
 Commit protocol (one writer at a time, under a file lock on this machine): a commit with number
 g = G + 1 inserts its passages and documents with gen = g and the versions it retires as
-"retired" rows with gen = g, flushes, then upserts the manifest with gen = g (the commit point),
+"retired" rows with gen = g, flushes, writes the keyword file when one is due, then upserts the manifest with gen = g (the commit point),
 then deletes the retired versions' rows and their "retired" rows. Readers see only rows with
 gen <= G of the manifest they loaded, minus retired versions, so a crash before the manifest
 leaves the previous commit exactly as it was (the extra rows are invisible, and the next writer
@@ -41,9 +45,10 @@ from pathlib import Path
 import numpy as np
 
 from ragspec.retrieval import persist
-from ragspec.retrieval.backends import MilvusLocation
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError, RetrievalError
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
+from ragspec.retrieval.milvus_keywords import MilvusKeywords
+from ragspec.retrieval.milvus_location import MilvusLocation
 from ragspec.retrieval.milvus_schema import document_row, quiet_imports
 from ragspec.retrieval.records import DocumentInfo, Passage
 from ragspec.retrieval.store_base import PassageEmbedder, StoreBase, check_model
@@ -69,6 +74,7 @@ class MilvusStore(StoreBase):
         self._init_common(embedder, lock_timeout)
         self._client = None
         self._lc = None
+        self._keywords = MilvusKeywords(location.keywords_folder())
         self._load()
 
     @classmethod
@@ -83,6 +89,7 @@ class MilvusStore(StoreBase):
         store.location, store.index_dir = location, location.spec
         store._init_common(None, DEFAULT_LOCK_TIMEOUT)
         store._client, store._lc = None, None
+        store._keywords = MilvusKeywords(location.keywords_folder())
         return store
 
     # -- connection and names ---------------------------------------------------------------
@@ -142,16 +149,19 @@ class MilvusStore(StoreBase):
         if manifest is None:
             from ragspec.retrieval.milvus_schema import vector_index_from_env
 
-            self._vector_index = vector_index_from_env()
+            self._vector_policy = vector_index_from_env()
+            self._vector_index = "FLAT" if self._vector_policy == "AUTO" else self._vector_policy
             self._commit, self._gen, self._dim = None, 0, None
             self._model_name = getattr(self.embedder, "name", None)
             self._documents, self._doc_gen, self._retired = {}, {}, []
+            self._keywords = MilvusKeywords(self.location.keywords_folder())
             return
         check_model(self.location.spec, manifest.get("embedder", ""), self.embedder,
                     self._rebuild_hint())
         self._commit, self._gen = manifest["commit"], int(manifest["gen"])
         self._dim, self._model_name = int(manifest["dim"]), manifest.get("embedder")
         self._vector_index = manifest.get("vector_index", "FLAT")
+        self._vector_policy = manifest.get("vector_policy", self._vector_index)
         _, documents, meta = self._names()
         client = self._connected()
         self._retired = [(r["doc_id"], int(r["old_gen"])) for r in self._rows(
@@ -169,6 +179,14 @@ class MilvusStore(StoreBase):
                                     f"{self._rebuild_hint()}") from exc
         self._doc_gen = {r["doc_id"]: int(r["gen"]) for r in rows}
         assert client is not None
+        passages = self._names()[0]
+
+        def texts(expr: str) -> list[tuple[str, str]]:
+            return [(r["pid"], r["text"]) for r in self._rows(passages, expr, ["pid", "text"])]
+
+        self._keywords.load(manifest.get("keywords"), self.passage_count(), self._doc_gen,
+                            newer=lambda g: texts(f"{self._visible()} and gen > {g}"),
+                            every=lambda: texts(self._visible()))
 
     def _manifest(self) -> dict | None:
         client = self._connected()
@@ -210,6 +228,7 @@ class MilvusStore(StoreBase):
 
     def _forget(self) -> None:
         self._pending, self._retire = {}, []
+        self._keywords = MilvusKeywords(self.location.keywords_folder())
 
     def _rebuild_hint(self) -> str:
         what = "delete that file" if self.location.lite else \
@@ -248,12 +267,7 @@ class MilvusStore(StoreBase):
                       key=lambda item: (-item[1], item[0].id))
 
     def _keyword_ids(self, query: str, k: int) -> list[str]:
-        if not any(c.isalnum() for c in query):
-            return []  # no token to match (Milvus' analyser would find none either)
-        hits = self._search("sparse", query, k, {"metric_type": "BM25"}, ["pid"])
-        ranked = sorted(((h["entity"]["pid"], float(h["distance"])) for h in hits),
-                        key=lambda item: (-item[1], item[0]))
-        return [pid for pid, _ in ranked]
+        return self._keywords.top_ids(query, k)
 
     def _search(self, field: str, data, k: int, params: dict, fields: list[str]) -> list:
         client = self._connected()
@@ -275,6 +289,7 @@ class MilvusStore(StoreBase):
     def _prepare_write(self) -> None:
         folder, _ = self.location.lock_place()
         persist.check_writable(folder)
+        persist.check_writable(self.location.keywords_folder())
 
     def _lock(self, on_wait):
         folder, name = self.location.lock_place()
@@ -291,6 +306,7 @@ class MilvusStore(StoreBase):
         if manifest is None:
             return
         gen = int(manifest["gen"])
+        self._keywords.clean(manifest.get("keywords"))
         passages, documents, meta = self._names()
         client = self._connected()
         for name in (passages, documents, meta):
@@ -339,10 +355,17 @@ class MilvusStore(StoreBase):
                 for d, g in self._retire])
         for name in (passages, documents, meta):
             self._call("flush", client.flush, name)
+        self._grow_vector_index(client, passages)
         commit = uuid.uuid4().hex
+        keywords = self._keywords.commit(
+            [(doc_id, rows) for doc_id, (_, rows, _) in self._pending.items()],
+            [doc_id for doc_id, _ in self._retire], gen)
         manifest = {"gen": gen, "commit": commit, "embedder": self._model_name or "",
-                    "dim": self._dim or 0, "vector_index": self._vector_index}
+                    "dim": self._dim or 0, "vector_index": self._vector_index,
+                    "vector_policy": self._vector_policy,
+                    "keywords": keywords}
         _commit_point(self, client, meta, manifest)
+        self._keywords.clean(keywords)
         self._commit, self._gen = commit, gen
         for doc_id in self._pending:
             self._doc_gen[doc_id] = gen
@@ -353,6 +376,17 @@ class MilvusStore(StoreBase):
         self._retired = retired  # visible as gone until their rows are deleted
         self._delete_versions(retired)
         self._retired = []
+
+    def _grow_vector_index(self, client, passages: str) -> None:
+        """Under the AUTO policy, switch to IVF_FLAT once the commit holds APPROX_THRESHOLD
+        passages (before the manifest that records it: a crash between leaves an IVF index
+        that the next commit rebuilds again, searched meanwhile with Milvus' defaults)."""
+        from ragspec.retrieval.milvus_schema import APPROX_THRESHOLD, use_ivf
+
+        if self._vector_policy == "AUTO" and self._vector_index == "FLAT" and \
+                self.passage_count() >= APPROX_THRESHOLD:
+            self._call("index the vectors", use_ivf, client, passages)
+            self._vector_index = "IVF_FLAT"
 
     def _write_passages(self, gen: int, rows: list[Passage], vectors: np.ndarray) -> None:
         too_long = [p.id for p in rows if len(p.text.encode("utf-8")) > _MAX_TEXT]

@@ -9,8 +9,10 @@ protocol, provenance), with this backend's specifics:
   * Keywords: our BM25 (bm25.py), kept in keywords.npz and committed with the vectors.
   * The write lock is `.write.lock` in the folder (retrieval/lock.py); a commit rewrites the
     folder's three files beside the old ones and renames them into place.
-  * With a GPU build of faiss and a visible GPU, searches run on a GPU copy of the index;
-    what is saved is always the CPU index.
+  * Dense search is exact (the flat index) below faiss_ann.THRESHOLD passages (50,000) and
+    approximate past it (faiss_ann.py: IVF candidates, exact cosines; RAGSPEC_DENSE=exact
+    keeps it exact). With a GPU build of faiss and a visible GPU, searches run exactly on a GPU
+    copy of the index; what is saved is always the CPU flat index.
 Other backends: ragspec.retrieval.milvus_store (Milvus Lite or a Milvus server);
 ragspec.retrieval.backends.open_index picks one from an --index value.
 """
@@ -27,6 +29,7 @@ from langchain_community.vectorstores import FAISS
 from ragspec.retrieval import persist
 from ragspec.retrieval.bm25 import BM25Index
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError
+from ragspec.retrieval.faiss_ann import ApproxIndex, wanted
 from ragspec.retrieval.faiss_store import GpuView, from_lc, gpu_available, new_faiss, to_lc
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
 from ragspec.retrieval.records import SEARCH_MODES, DocumentInfo, Hit, Passage, SearchResult
@@ -52,6 +55,7 @@ class PassageStore(StoreBase):
         self.index_dir = index_dir
         self._init_common(embedder, lock_timeout)
         self._gpu = GpuView(gpu_available() if use_gpu is None else use_gpu)
+        self._approx = ApproxIndex()
         self._load()
 
     @classmethod
@@ -107,6 +111,7 @@ class PassageStore(StoreBase):
                 f"The index in {self.index_dir} is damaged: {exc}. "
                 f"{persist.rebuild_hint(self.index_dir)}"
             ) from exc
+        self._approx.invalidate()
         self._lc = new_faiss(snapshot.index, self.embedder)
         self._lc.docstore.add({doc.id: doc for doc in lc_docs})
         self._lc.index_to_docstore_id.update({i: doc.id for i, doc in enumerate(lc_docs)})
@@ -115,6 +120,7 @@ class PassageStore(StoreBase):
         self._rows = None
 
     def _forget(self) -> None:
+        self._approx.invalidate()
         self._lc: FAISS | None = None
         self._keywords = BM25Index()
         self._rows: dict[str, int] | None = None
@@ -142,6 +148,10 @@ class PassageStore(StoreBase):
         return None if self._lc is None else int(self._lc.index.d)
 
     def _dense(self, vector: np.ndarray, k: int) -> list[tuple[Passage, float]]:
+        if not self._gpu.enabled and wanted(self._lc.index.ntotal):  # faiss_ann.py
+            ids = self._lc.index_to_docstore_id
+            return [(from_lc(self._lc.docstore.search(ids[row])), score)
+                    for row, score in self._approx.search(self._lc.index, vector, k)]
         view = self._gpu.view(self._lc, self.embedder)
         found = view.similarity_search_with_score_by_vector(vector, k=k)
         return [(from_lc(doc), float(score)) for doc, score in found]
@@ -214,6 +224,7 @@ class PassageStore(StoreBase):
             self._lc.delete(ids)
         for pid in ids:
             self._keywords.remove(pid)
+        self._approx.invalidate()  # the flat index renumbered the rows after the deleted ones
         self._changed()
 
     def _changed(self) -> None:

@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 # How many passages of each ranking take part in the fusion.
 HYBRID_DEPTH = 50
+# Extra dense hits fetched so that ties at the cut are ordered by id on every backend.
+TIE_MARGIN = 8
 
 
 def doc_id_for(source: str) -> str:
@@ -171,7 +173,10 @@ class StoreBase:
                     f"size {size}. {self._rebuild_hint()}"
                 )
             depth = max(k, HYBRID_DEPTH) if mode == "hybrid" else k
-            dense = self._dense(vector, min(depth, count))
+            # Equal cosines come back in each engine's own order: fetch a few more and order
+            # them by (cosine, id), so every backend ranks (and cuts) ties the same way.
+            dense = sorted(self._dense(vector, min(depth + TIE_MARGIN, count)),
+                           key=lambda item: (-item[1], item[0].id))[:depth]
             if mode == "hybrid":
                 hits = self._fuse(query, vector, dense, k)
             else:

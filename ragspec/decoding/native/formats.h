@@ -21,7 +21,7 @@ enum Format : int {
   Q5_0 = 9, Q5_1 = 10,                 // blocks of 32
 };
 
-inline int block_elems(int fmt) {
+constexpr int block_elems(int fmt) {
   switch (fmt) {
     case F32: case F16: case BF16: return 1;
     case Q4_0: case Q4_1: case Q8_0: case Q5_0: case Q5_1: return 32;
@@ -29,7 +29,7 @@ inline int block_elems(int fmt) {
   }
 }
 
-inline int block_bytes(int fmt) {
+constexpr int block_bytes(int fmt) {
   switch (fmt) {
     case F32: return 4;
     case F16: case BF16: return 2;

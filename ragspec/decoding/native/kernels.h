@@ -16,11 +16,13 @@
 
 namespace rs {
 
-// n rows (output features) of k values (input features) in format `fmt` (formats.h), row_bytes each.
+// n rows (output features) of k values (input features) in format `fmt` (formats.h), row_bytes each;
+// `tiled`: the rows are stored in tiles of 16 (tiled.h), the format's code plus kTiledBit.
 struct WeightView {
   const uint8_t* data = nullptr;
   int fmt = 0;
   int64_t n = 0, k = 0, row_bytes = 0;
+  bool tiled = false;
 };
 
 // The view of a packed weight tensor as Python holds it (PackedWeight.data, .code, .in_features);
@@ -36,9 +38,10 @@ struct Activations {
   std::vector<int8_t> q;     // quantised formats: (m, k) int8
   std::vector<float> d;      // (m, k/32) scale of each group of 32
   std::vector<float> dsum;   // (m, k/32) d · Σq of each group (for weight offsets)
+  std::vector<int32_t> qsum16;  // (m, k/16) Σq of each half group (integer weight offsets)
 };
 
-// Prepares x (m, k), row-major, for weights of format fmt. `x` must outlive `out` (plain
+// Prepares x (m, k), row-major, for weights of format fmt (a tiled code is accepted). `x` must outlive `out` (plain
 // formats keep the pointer). Single-threaded.
 void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& out);
 
@@ -46,7 +49,8 @@ void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& out);
 void matmul_columns(const Activations& a, const WeightView& w, int64_t n0, int64_t n1, float* y,
                     int64_t ldy);
 
-// A column count per task that keeps the cost of handing out work small, for m rows.
+// A column count per task that keeps the cost of handing out work small, for m rows (a multiple
+// of 16 for tiled weights: a split inside a tile is correct but computes that tile twice).
 int64_t column_grain(const WeightView& w, int64_t m);
 
 // One query row (d values) against the keys lo..hi of k/v (rows kstride / vstride floats apart):

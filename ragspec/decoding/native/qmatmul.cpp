@@ -30,7 +30,13 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define RS_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#define RS_AVX512 1
 #endif
+#endif
+
+#include "tiled.h"
 
 namespace rs {
 
@@ -39,49 +45,58 @@ namespace rs {
 // Activations (kernels.h) hold the rows of x as int8 groups for quantised formats.
 using QRows = Activations;
 
-static void quantise_row(const float* x, int64_t k, int8_t* q, float* d, float* dsum) {
+static void quantise_row(const float* x, int64_t k, int8_t* q, float* d, float* dsum, int32_t* qsum16) {
   for (int64_t g = 0; g < k / 32; ++g) {
     const float* xs = x + 32 * g;
     float amax = 0.0f;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xs[i]));
     const float scale = amax / 127.0f;
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    int sum = 0;
+    int half[2] = {0, 0};
     for (int i = 0; i < 32; ++i) {
       const int v = int(std::nearbyint(xs[i] * inv));
       q[32 * g + i] = int8_t(std::max(-127, std::min(127, v)));
-      sum += q[32 * g + i];
+      half[i / 16] += q[32 * g + i];
     }
     d[g] = scale;
-    dsum[g] = scale * float(sum);
+    dsum[g] = scale * float(half[0] + half[1]);
+    qsum16[2 * g] = half[0];
+    qsum16[2 * g + 1] = half[1];
   }
 }
 
+static void size_rows(int64_t m, int64_t k, Activations& r) {
+  r.q.resize(m * k);
+  r.d.resize(m * (k / 32));
+  r.dsum.resize(m * (k / 32));
+  r.qsum16.resize(m * (k / 16));
+}
+
+static void quantise_one(const float* x, int64_t i, int64_t k, Activations& r) {
+  quantise_row(x + i * k, k, r.q.data() + i * k, r.d.data() + i * (k / 32), r.dsum.data() + i * (k / 32),
+               r.qsum16.data() + i * (k / 16));
+}
+
 void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& r) {
+  fmt &= ~kTiledBit;
   r.fmt = fmt;
   r.m = m;
   r.k = k;
   r.x = x;
   if (!is_quantised(fmt)) return;
-  r.q.resize(m * k);
-  r.d.resize(m * (k / 32));
-  r.dsum.resize(m * (k / 32));
-  for (int64_t i = 0; i < m; ++i)
-    quantise_row(x + i * k, k, r.q.data() + i * k, r.d.data() + i * (k / 32), r.dsum.data() + i * (k / 32));
+  size_rows(m, k, r);
+  for (int64_t i = 0; i < m; ++i) quantise_one(x, i, k, r);
 }
 
 // Rows quantised in parallel (the torch op's path; one row's bytes never depend on another's).
 static void quantise_rows(const float* x, int64_t m, int64_t k, int fmt, Activations& r) {
-  r.fmt = fmt;
+  r.fmt = fmt & ~kTiledBit;
   r.m = m;
   r.k = k;
   r.x = x;
-  r.q.resize(m * k);
-  r.d.resize(m * (k / 32));
-  r.dsum.resize(m * (k / 32));
+  size_rows(m, k, r);
   at::parallel_for(0, m, 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i)
-      quantise_row(x + i * k, k, r.q.data() + i * k, r.d.data() + i * (k / 32), r.dsum.data() + i * (k / 32));
+    for (int64_t i = lo; i < hi; ++i) quantise_one(x, i, k, r);
   });
 }
 
@@ -309,9 +324,7 @@ static void qtile(const QArgs& a, int64_t n0, int64_t r0, float* offs) {
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512DQ__) && defined(__AVX512VNNI__)
-#define RS_AVX512 1
+#ifdef RS_AVX512
 
 // The same tile with 512-bit registers (CPUs that have AVX-512 VNNI): two consecutive groups
 // per instruction. Used for every row count alike when the row has an even number of groups, so
@@ -520,8 +533,10 @@ static void fcolumns(const FArgs& a, int64_t n0, int64_t n1, int64_t m) {
 
 // ---- the ops --------------------------------------------------------------------------------
 
-static void check_weight(const at::Tensor& w, int64_t fmt, int64_t k) {
-  TORCH_CHECK(fmt >= F32 && fmt <= Q5_1, "unknown weight format ", fmt);
+static void check_weight(const at::Tensor& w, int64_t code, int64_t k) {
+  const bool tiled = code & kTiledBit;
+  const int64_t fmt = code & ~int64_t(kTiledBit);
+  TORCH_CHECK(fmt >= F32 && fmt <= Q5_1 && (!tiled || tileable(int(fmt))), "unknown weight format ", code);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.device().is_cpu(),
               "packed weights must be a contiguous CPU uint8 matrix (rows, bytes per row)");
   TORCH_CHECK(k % block_elems(int(fmt)) == 0 && (!is_quantised(int(fmt)) || k % 32 == 0),
@@ -533,16 +548,55 @@ static void check_weight(const at::Tensor& w, int64_t fmt, int64_t k) {
 // Columns per parallel task: enough work per task that scheduling costs little.
 static int64_t grain(int64_t k, int64_t m) { return std::max<int64_t>(4, (1 << 16) / std::max<int64_t>(1, k * m / 8)); }
 
-int64_t column_grain(const WeightView& w, int64_t m) { return grain(w.k, m); }
+int64_t column_grain(const WeightView& w, int64_t m) {
+  const int64_t g = grain(w.k, m);
+  return w.tiled ? (g + kTileRows - 1) / kTileRows * kTileRows : g;
+}
 
-WeightView weight_view(const at::Tensor& w, int64_t fmt, int64_t k) {
-  check_weight(w, fmt, k);
-  return WeightView{w.data_ptr<uint8_t>(), int(fmt), w.size(0), k, w.size(1)};
+WeightView weight_view(const at::Tensor& w, int64_t code, int64_t k) {
+  check_weight(w, code, k);
+  return WeightView{w.data_ptr<uint8_t>(), int(code & ~int64_t(kTiledBit)), w.size(0), k, w.size(1),
+                    bool(code & kTiledBit)};
+}
+
+static void row_columns(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                        int64_t ldy);
+
+// Tiled weights: full tiles by the tiled kernel, the rows after them (stored as rows) by the
+// row kernel. Without AVX-512 VNNI, each tile is first rebuilt as rows (one kernel per column,
+// whatever the rows: the invariance holds on every machine).
+static void tiled_or_rows(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                          int64_t ldy) {
+  const int64_t full = w.n / kTileRows * kTileRows;
+  if (n1 > full) row_columns(x, w, std::max(n0, full), n1, y, ldy);
+  if (n0 >= full) return;
+  n1 = std::min(n1, full);
+#ifdef RS_AVX512
+  tiled_columns(x, w, n0, n1, y, ldy);
+#else
+  std::vector<uint8_t> rows(kTileRows * w.row_bytes);
+  for (int64_t t = n0 / kTileRows; t * kTileRows < n1; ++t) {
+    const int64_t c0 = t * kTileRows;
+    for (int r = 0; r < kTileRows; ++r)
+      untile_row(w.fmt, w.data + c0 * w.row_bytes, w.row_bytes, r, rows.data() + r * w.row_bytes);
+    const WeightView plain{rows.data(), w.fmt, kTileRows, w.k, w.row_bytes, false};
+    row_columns(x, plain, std::max(n0, c0) - c0, std::min(n1, c0 + kTileRows) - c0, y + c0, ldy);
+  }
+#endif
 }
 
 void matmul_columns(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  if (x.m == 0 || n1 <= n0) return;
+  if (w.tiled) {
+    tiled_or_rows(x, w, n0, n1, y, ldy);
+  } else {
+    row_columns(x, w, n0, n1, y, ldy);
+  }
+}
+
+static void row_columns(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                        int64_t ldy) {
   const int64_t m = x.m, k = w.k;
-  if (m == 0 || n1 <= n0) return;
   if (is_quantised(w.fmt)) {
     const QArgs a{w.fmt, k, ldy, k / 32, w.row_bytes, w.data, &x, y};
     switch (w.fmt) {
@@ -569,14 +623,17 @@ at::Tensor qmatmul(const at::Tensor& x_in, const at::Tensor& w, int64_t fmt, int
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   Activations rows;
-  if (is_quantised(int(fmt))) {
-    quantise_rows(x.data_ptr<float>(), m, k, int(fmt), rows);
+  if (is_quantised(view.fmt)) {
+    quantise_rows(x.data_ptr<float>(), m, k, view.fmt, rows);
   } else {
-    prepare(x.data_ptr<float>(), m, k, int(fmt), rows);
+    prepare(x.data_ptr<float>(), m, k, view.fmt, rows);
   }
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, n, column_grain(view, m),
-                   [&](int64_t lo, int64_t hi) { matmul_columns(rows, view, lo, hi, yp, n); });
+  // split at multiples of `unit` columns (a tile for tiled weights: no tile computed twice)
+  const int64_t unit = view.tiled ? kTileRows : 1, units = (n + unit - 1) / unit;
+  at::parallel_for(0, units, std::max<int64_t>(1, column_grain(view, m) / unit), [&](int64_t lo, int64_t hi) {
+    matmul_columns(rows, view, lo * unit, std::min(n, hi * unit), yp, n);
+  });
   auto shape = x_in.sizes().vec();
   shape.back() = n;
   return y.view(shape);
@@ -615,8 +672,10 @@ static void dequant_row(const uint8_t* row, int64_t k, float* dst) {
 #endif
 
 // Rows `ids` of W as fp32 (rows, K), computed as GGUF's own de-quantisation computes them.
-at::Tensor dequantize_rows(const at::Tensor& w, int64_t fmt, int64_t k, const at::Tensor& ids_in) {
-  check_weight(w, fmt, k);
+at::Tensor dequantize_rows(const at::Tensor& w, int64_t code, int64_t k, const at::Tensor& ids_in) {
+  check_weight(w, code, k);
+  const bool tiled = code & kTiledBit;
+  const int64_t fmt = code & ~int64_t(kTiledBit);
   const at::Tensor ids = ids_in.reshape({-1}).to(at::kLong).contiguous();
   const int64_t count = ids.size(0), nrows = w.size(0), rb = w.size(1);
   const int64_t* idp = ids.data_ptr<int64_t>();
@@ -626,8 +685,13 @@ at::Tensor dequantize_rows(const at::Tensor& w, int64_t fmt, int64_t k, const at
   float* o = out.data_ptr<float>();
   const uint8_t* base = w.data_ptr<uint8_t>();
   at::parallel_for(0, count, std::max<int64_t>(1, (1 << 15) / k), [&](int64_t lo, int64_t hi) {
+    std::vector<uint8_t> rebuilt(tiled ? rb : 0);
     for (int64_t i = lo; i < hi; ++i) {
       const uint8_t* row = base + idp[i] * rb;
+      if (tiled) {
+        tiled_row(int(fmt), base, nrows, rb, idp[i], rebuilt.data());
+        row = rebuilt.data();
+      }
       float* dst = o + i * k;
       if (!is_quantised(int(fmt))) {
         for (int64_t t = 0; t < k; ++t) dst[t] = plain_value(int(fmt), row, t);
@@ -672,6 +736,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Te
   return {q, d, s};
 }
 
+// True when tiled weights run the tiled kernel here (else they are rebuilt as rows per call).
+bool has_tiled_kernel() {
+#ifdef RS_AVX512
+  return true;
+#else
+  return false;
+#endif
+}
+
 bool has_avx2() {
 #ifdef RS_AVX2
   return true;
@@ -687,4 +760,5 @@ TORCH_LIBRARY_FRAGMENT(ragspec, m) {
   m.def("dequantize_rows(Tensor w, int fmt, int k, Tensor ids) -> Tensor", &rs::dequantize_rows);
   m.def("quantize_activations(Tensor x) -> (Tensor, Tensor, Tensor)", &rs::quantize_activations);
   m.def("has_avx2() -> bool", &rs::has_avx2);
+  m.def("has_tiled_kernel() -> bool", &rs::has_tiled_kernel);
 }

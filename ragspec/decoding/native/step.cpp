@@ -1,0 +1,297 @@
+// A whole decode or verify step of a Llama-family model with packed weights, in one native call.
+//
+// StepModel holds the model's weights (packed linears through kernels.h, fp32 norms, biases and
+// rotary frequencies) and `forward` runs T new rows through every layer: RMSNorm, the q/k/v
+// products, optional per-head q/k norms, rotary positions, the new keys and values written into
+// the caller's cache buffers, attention over the cache (attend_row, the kernel of attention.cpp),
+// the output product, the gated MLP, the residuals, the final norm and the LM head. The family
+// differences are parameters, never separate code paths: biases are optional on every product,
+// q/k norms optional, and the residual, embedding and logit multipliers and the norm weight
+// offset are numbers (1, 1, 1, 0 for Llama).
+//
+// Row invariance: every operation computes a row from that row alone, in a fixed order (norms,
+// rotary and activations are per-row loops; products and attention are kernels.h's row-invariant
+// kernels, split across threads by columns or by heads), so a row's result is the same whether
+// it is computed alone or with the rows of a draft after it — what keeps greedy speculation exact.
+//
+// The cache buffers are (1, kv_heads, capacity, head_dim) fp32 tensors with room for start + T
+// positions (the Python side reserves it); rows 0..start-1 hold earlier positions. Row t is at
+// position start + t and attends to positions 0..start + t.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "kernels.h"
+
+namespace rs {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t since(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
+struct Linear {
+  at::Tensor data, bias;  // bias: an empty tensor when the product has none
+  WeightView w;
+  bool has_bias() const { return bias.numel() > 0; }
+};
+
+struct Layer {
+  at::Tensor attn_norm, mlp_norm, q_norm, k_norm;  // q/k norms empty when the family has none
+  Linear q, k, v, o, gate, up, down;
+};
+
+// One product to run: y[r * ldy + c] for the columns of w, from prepared activations.
+struct Job {
+  Activations* a;
+  const Linear* lin;
+  float* y;
+};
+
+// y = x / sqrt(mean(x²) + eps) · (w + offset) for m rows of n values (row strides sx, sy).
+void rms_norm(const float* x, int64_t sx, int64_t m, int64_t n, const float* w, float eps, float offset,
+              float* y, int64_t sy) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * sx;
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * double(xr[i]);
+    const float inv = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
+    float* yr = y + r * sy;
+    for (int64_t i = 0; i < n; ++i) yr[i] = (w[i] + offset) * (xr[i] * inv);
+  }
+}
+
+}  // namespace
+
+class StepModel : public torch::CustomClassHolder {
+ public:
+  // tensors: inv_freq, final_norm, head, head_bias, then per layer kSlots tensors (see slot order
+  // in step.py); ints: layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, then
+  // per layer the formats of q, k, v, o, gate, up, down, then the head's format; floats: eps,
+  // attention scale, rotary scaling, residual multiplier, embedding multiplier, logit
+  // multiplier, norm weight offset.
+  static constexpr int64_t kSlots = 18;
+
+  StepModel(std::vector<at::Tensor> t, std::vector<int64_t> ints, std::vector<double> floats) {
+    TORCH_CHECK(ints.size() >= 7 && floats.size() == 7, "StepModel: bad header");
+    layers_ = ints[0], hidden_ = ints[1], heads_ = ints[2], kv_heads_ = ints[3], head_dim_ = ints[4];
+    inter_ = ints[5], vocab_ = ints[6];
+    TORCH_CHECK(int64_t(ints.size()) == 7 + 7 * layers_ + 1, "StepModel: expected ", 7 + 7 * layers_ + 1, " ints");
+    TORCH_CHECK(int64_t(t.size()) == 4 + kSlots * layers_, "StepModel: expected ", 4 + kSlots * layers_, " tensors");
+    TORCH_CHECK(heads_ % kv_heads_ == 0 && head_dim_ % 2 == 0, "StepModel: bad head layout");
+    eps_ = float(floats[0]), scale_ = float(floats[1]), rope_scale_ = float(floats[2]);
+    resid_mult_ = float(floats[3]), embed_mult_ = float(floats[4]), logit_mult_ = float(floats[5]);
+    norm_offset_ = float(floats[6]);
+    inv_freq_ = fp32(t[0], head_dim_ / 2, "inv_freq");
+    final_norm_ = fp32(t[1], hidden_, "final norm");
+    head_ = linear(t[2], t[3], ints[7 + 7 * layers_], hidden_, vocab_);
+    const int64_t qd = heads_ * head_dim_, kvd = kv_heads_ * head_dim_;
+    for (int64_t l = 0; l < layers_; ++l) {
+      const at::Tensor* s = t.data() + 4 + kSlots * l;
+      const int64_t* f = ints.data() + 7 + 7 * l;
+      Layer L;
+      L.attn_norm = fp32(s[0], hidden_, "attention norm");
+      L.q = linear(s[1], s[2], f[0], hidden_, qd);
+      L.k = linear(s[3], s[4], f[1], hidden_, kvd);
+      L.v = linear(s[5], s[6], f[2], hidden_, kvd);
+      L.o = linear(s[7], s[8], f[3], qd, hidden_);
+      L.mlp_norm = fp32(s[9], hidden_, "MLP norm");
+      L.gate = linear(s[10], s[11], f[4], hidden_, inter_);
+      L.up = linear(s[12], s[13], f[5], hidden_, inter_);
+      L.down = linear(s[14], s[15], f[6], inter_, hidden_);
+      L.q_norm = s[16].numel() ? fp32(s[16], head_dim_, "q norm") : s[16];
+      L.k_norm = s[17].numel() ? fp32(s[17], head_dim_, "k norm") : s[17];
+      layers.push_back(std::move(L));
+    }
+  }
+
+  // x: (T, hidden) fp32 embeddings of the new rows; keys/values: each layer's cache buffer;
+  // start: positions already cached; keep: how many of the last rows get logits.
+  // Returns logits (keep, vocab).
+  at::Tensor forward(at::Tensor x_in, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                     int64_t start, int64_t keep) {
+    const auto t0 = Clock::now();
+    TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden_, "forward takes (rows, ", hidden_, ") embeddings");
+    TORCH_CHECK(int64_t(keys.size()) == layers_ && int64_t(values.size()) == layers_, "one cache buffer per layer");
+    const int64_t T = x_in.size(0);
+    TORCH_CHECK(T > 0 && 0 < keep && keep <= T && start >= 0, "bad row counts");
+    const int64_t qd = heads_ * head_dim_, kvd = kv_heads_ * head_dim_, half = head_dim_ / 2;
+    for (int64_t l = 0; l < layers_; ++l) {
+      for (const at::Tensor* b : {&keys[l], &values[l]}) {
+        TORCH_CHECK(b->scalar_type() == at::kFloat && b->dim() == 4 && b->is_contiguous() &&
+                        b->size(1) == kv_heads_ && b->size(3) == head_dim_ && b->size(2) >= start + T,
+                    "layer ", l, ": the cache buffer must be a contiguous fp32 (1, ", kv_heads_, ", >= ",
+                    start + T, ", ", head_dim_, ") tensor");
+      }
+    }
+    at::Tensor h = x_in.to(at::kFloat).contiguous().clone();
+    float* hp = h.data_ptr<float>();
+    if (embed_mult_ != 1.0f)
+      for (int64_t i = 0; i < T * hidden_; ++i) hp[i] *= embed_mult_;
+    const int64_t wide = std::max({hidden_, qd, inter_});
+    std::vector<float> n(T * wide), q(T * qd), k(T * kvd), v(T * kvd), att(T * qd), g(T * inter_),
+        u(T * inter_), out(T * hidden_);
+    // cos/sin of every row's position, shared by all layers and heads
+    std::vector<float> cs(T * half), sn(T * half);
+    const float* invf = inv_freq_.data_ptr<float>();
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t i = 0; i < half; ++i) {
+        const float f = float(start + r) * invf[i];
+        cs[r * half + i] = std::cos(f) * rope_scale_;
+        sn[r * half + i] = std::sin(f) * rope_scale_;
+      }
+    Activations a1, a2, a3;
+    for (int64_t l = 0; l < layers_; ++l) {
+      const Layer& L = layers[l];
+      rms_norm(hp, hidden_, T, hidden_, L.attn_norm.data_ptr<float>(), eps_, norm_offset_, n.data(), hidden_);
+      products(n.data(), T, {{&a1, &L.q, q.data()}, {&a2, &L.k, k.data()}, {&a3, &L.v, v.data()}});
+      if (L.q_norm.numel()) {
+        rms_norm(q.data(), head_dim_, T * heads_, head_dim_, L.q_norm.data_ptr<float>(), eps_, norm_offset_, q.data(), head_dim_);
+        rms_norm(k.data(), head_dim_, T * kv_heads_, head_dim_, L.k_norm.data_ptr<float>(), eps_, norm_offset_, k.data(), head_dim_);
+      }
+      rotate(q.data(), T, heads_, cs, sn);
+      rotate(k.data(), T, kv_heads_, cs, sn);
+      float* kb = keys[l].data_ptr<float>();
+      float* vb = values[l].data_ptr<float>();
+      const int64_t cap = keys[l].size(2);
+      for (int64_t r = 0; r < T; ++r)
+        for (int64_t gh = 0; gh < kv_heads_; ++gh) {
+          std::copy_n(k.data() + r * kvd + gh * head_dim_, head_dim_, kb + (gh * cap + start + r) * head_dim_);
+          std::copy_n(v.data() + r * kvd + gh * head_dim_, head_dim_, vb + (gh * cap + start + r) * head_dim_);
+        }
+      attend(q.data(), kb, vb, cap, T, start, att.data());
+      products(att.data(), T, {{&a1, &L.o, out.data()}});
+      for (int64_t i = 0; i < T * hidden_; ++i) hp[i] += out[i] * resid_mult_;
+      rms_norm(hp, hidden_, T, hidden_, L.mlp_norm.data_ptr<float>(), eps_, norm_offset_, n.data(), hidden_);
+      products(n.data(), T, {{&a1, &L.gate, g.data()}, {&a2, &L.up, u.data()}});
+      for (int64_t i = 0; i < T * inter_; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      products(g.data(), T, {{&a1, &L.down, out.data()}});
+      for (int64_t i = 0; i < T * hidden_; ++i) hp[i] += out[i] * resid_mult_;
+    }
+    const int64_t first = T - keep;
+    rms_norm(hp + first * hidden_, hidden_, keep, hidden_, final_norm_.data_ptr<float>(), eps_, norm_offset_,
+             n.data(), hidden_);
+    at::Tensor logits = at::empty({keep, vocab_}, h.options());
+    float* lp = logits.data_ptr<float>();
+    products(n.data(), keep, {{&a1, &head_, lp}});
+    if (logit_mult_ != 1.0f)
+      for (int64_t i = 0; i < keep * vocab_; ++i) lp[i] *= logit_mult_;
+    calls_ += 1;
+    total_ns_ += since(t0);
+    return logits;
+  }
+
+  // [forwards, total ns, ns in products (with preparing their inputs), ns in attention]
+  std::vector<int64_t> stats() const { return {calls_, total_ns_, matmul_ns_, attend_ns_}; }
+
+  void reset_stats() { calls_ = total_ns_ = matmul_ns_ = attend_ns_ = 0; }
+
+ private:
+  std::vector<Layer> layers;
+  int64_t layers_, hidden_, heads_, kv_heads_, head_dim_, inter_, vocab_;
+  float eps_, scale_, rope_scale_, resid_mult_, embed_mult_, logit_mult_, norm_offset_;
+  at::Tensor inv_freq_, final_norm_;
+  Linear head_;
+  int64_t calls_ = 0, total_ns_ = 0, matmul_ns_ = 0, attend_ns_ = 0;
+
+  static at::Tensor fp32(const at::Tensor& t, int64_t size, const char* what) {
+    TORCH_CHECK(t.numel() == size, "StepModel: ", what, " has ", t.numel(), " values, expected ", size);
+    return t.to(at::kFloat).contiguous();
+  }
+
+  static Linear linear(const at::Tensor& data, const at::Tensor& bias, int64_t fmt, int64_t k, int64_t n) {
+    Linear lin;
+    lin.data = data;
+    lin.w = weight_view(data, fmt, k);
+    TORCH_CHECK(lin.w.n == n, "StepModel: a product has ", lin.w.n, " outputs, expected ", n);
+    lin.bias = bias.numel() ? fp32(bias, n, "bias") : bias;
+    return lin;
+  }
+
+  // The products that share input x (m rows): each job's activations are prepared for its
+  // weight's format (re-used when the previous job has the same), then all their columns are
+  // shared out between the threads in one parallel region, and biases added.
+  void products(const float* x, int64_t m, std::vector<Job> jobs) {
+    const auto t0 = Clock::now();
+    const int64_t k = jobs[0].lin->w.k;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (j > 0 && jobs[j].lin->w.fmt == jobs[j - 1].lin->w.fmt) {
+        jobs[j].a = jobs[j - 1].a;
+      } else {
+        prepare(x, m, k, jobs[j].lin->w.fmt, *jobs[j].a);
+      }
+    }
+    // units of column_grain columns, numbered across the jobs
+    std::vector<int64_t> first(jobs.size() + 1, 0), grain(jobs.size());
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      grain[j] = std::max<int64_t>(1, column_grain(jobs[j].lin->w, m));
+      first[j + 1] = first[j] + (jobs[j].lin->w.n + grain[j] - 1) / grain[j];
+    }
+    at::parallel_for(0, first.back(), 1, [&](int64_t b, int64_t e) {
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        const int64_t lo = std::max(b, first[j]), hi = std::min(e, first[j + 1]);
+        if (lo >= hi) continue;
+        const WeightView& w = jobs[j].lin->w;
+        matmul_columns(*jobs[j].a, w, (lo - first[j]) * grain[j], std::min(w.n, (hi - first[j]) * grain[j]),
+                       jobs[j].y, w.n);
+      }
+    });
+    for (const Job& job : jobs) {
+      if (!job.lin->has_bias()) continue;
+      const float* bp = job.lin->bias.data_ptr<float>();
+      const int64_t n = job.lin->w.n;
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c) job.y[r * n + c] += bp[c];
+    }
+    matmul_ns_ += since(t0);
+  }
+
+  // Rotary positions, rotate-half layout: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
+  void rotate(float* x, int64_t T, int64_t heads, const std::vector<float>& cs, const std::vector<float>& sn) const {
+    const int64_t half = head_dim_ / 2;
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t hh = 0; hh < heads; ++hh) {
+        float* p = x + (r * heads + hh) * head_dim_;
+        const float* c = cs.data() + r * half;
+        const float* s = sn.data() + r * half;
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = p[i], x2 = p[i + half];
+          p[i] = x1 * c[i] - x2 * s[i];
+          p[i + half] = x2 * c[i] + x1 * s[i];
+        }
+      }
+  }
+
+  // Row r of every query head against positions 0..start + r of its key head's cache.
+  void attend(const float* q, const float* kb, const float* vb, int64_t cap, int64_t T, int64_t start, float* out) {
+    const auto t0 = Clock::now();
+    const int64_t group = heads_ / kv_heads_;
+    at::parallel_for(0, heads_ * T, 1, [&](int64_t b, int64_t e) {
+      std::vector<float> scratch;
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t hh = task / T, r = task % T, g = hh / group;
+        attend_row(q + (r * heads_ + hh) * head_dim_, kb + g * cap * head_dim_, vb + g * cap * head_dim_, head_dim_,
+                   head_dim_, 0, start + r, head_dim_, scale_, 0.0f, out + (r * heads_ + hh) * head_dim_, scratch);
+      }
+    });
+    attend_ns_ += since(t0);
+  }
+};
+
+}  // namespace rs
+
+TORCH_LIBRARY_FRAGMENT(ragspec, m) {
+  m.class_<rs::StepModel>("StepModel")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>>())
+      .def("forward", &rs::StepModel::forward)
+      .def("stats", &rs::StepModel::stats)
+      .def("reset_stats", &rs::StepModel::reset_stats);
+}

@@ -1,0 +1,251 @@
+// Row-interleaved ("tiled") weights and the AVX-512 VNNI kernel that multiplies them.
+//
+// Layout. A weight of N rows in one of the tileable formats (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
+// keeps its bytes and its (N, row_bytes) shape; the first 16·⌊N/16⌋ rows are regrouped in tiles
+// of 16 rows. A tile holds its 16 rows block by block, and inside a block each field of the
+// format (a 2-byte fp16 scale, or 4 bytes of quants or packed scales) of the 16 rows side by
+// side: 16 rows × 4 bytes = one 512-bit register, lane r holding row r. Q8_0's quants are stored
+// plus 128 (unsigned), the only change to a value. The rows past the last full tile stay as they
+// were. The layout is a permutation of bytes: `tiled_row` rebuilds any row in its GGUF form.
+//
+// Kernel. With lane r = output column r, `vpdpbusd` multiplies four weight bytes of 16 columns
+// by the same four activation bytes (broadcast) and adds them into 16 int32 sums: a group of 32
+// values of 16 columns is 8 instructions per activation row, with no horizontal sum at the end.
+// Each weight group is decoded once per tile and used for every activation row (up to 16 at a
+// time), so a verify of k tokens reads and decodes the weights once.
+//
+// Batch invariance: the value of y[m][c] is one accumulator, lane c%16 of row m's register,
+// seeing for each group in order of k: an exact integer dot product (the same whatever was
+// computed beside it), its integer correction, one multiply and one or two FMAs. Nothing depends
+// on how many rows are in a chunk, nor on how columns are split between threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "formats.h"
+#include "kernels.h"
+
+namespace rs {
+
+constexpr int kTileRows = 16;
+// Added to a format's code when its weight is stored tiled.
+constexpr int kTiledBit = 32;
+
+inline bool tileable(int fmt) {
+  return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
+}
+
+// 2-byte fields at the start and the end of a block; every other field is 4 bytes.
+inline int head_halves(int fmt) { return fmt == Q4_0 || fmt == Q8_0 ? 1 : fmt == Q6_K ? 0 : 2; }
+inline int tail_halves(int fmt) { return fmt == Q6_K ? 1 : 0; }
+
+// Calls f(start, width) for each field of a block, in order.
+template <typename F>
+inline void for_each_field(int fmt, F f) {
+  const int bytes = block_bytes(fmt), head = 2 * head_halves(fmt), tail = 2 * tail_halves(fmt);
+  for (int o = 0; o < head; o += 2) f(o, 2);
+  for (int o = head; o < bytes - tail; o += 4) f(o, 4);
+  for (int o = bytes - tail; o < bytes; o += 2) f(o, 2);
+}
+
+// Row r (0..15) of a tile, as GGUF stores it (row_bytes bytes) into out.
+inline void untile_row(int fmt, const uint8_t* tile, int64_t row_bytes, int r, uint8_t* out) {
+  const int bb = block_bytes(fmt);
+  const int64_t blocks = row_bytes / bb;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* tb = tile + b * kTileRows * bb;
+    uint8_t* ob = out + b * bb;
+    for_each_field(fmt, [&](int o, int w) { std::memcpy(ob + o, tb + kTileRows * o + r * w, w); });
+    if (fmt == Q8_0)
+      for (int i = 2; i < 34; ++i) ob[i] ^= 0x80;
+  }
+}
+
+// Row `row` of an (n, row_bytes) tiled weight, as GGUF stores it.
+inline void tiled_row(int fmt, const uint8_t* data, int64_t n, int64_t row_bytes, int64_t row,
+                      uint8_t* out) {
+  if (row >= n / kTileRows * kTileRows) {
+    std::memcpy(out, data + row * row_bytes, row_bytes);
+    return;
+  }
+  untile_row(fmt, data + (row / kTileRows) * kTileRows * row_bytes, row_bytes,
+             int(row % kTileRows), out);
+}
+
+#ifdef RS_AVX512
+
+namespace tiled {
+
+static inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+static inline __m512i ld(const uint8_t* p) { return _mm512_loadu_si512(p); }
+static inline __m512 halves16(const uint8_t* p) {  // 16 fp16 values
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+static inline __m512i lo4(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
+static inline __m512i hi4(__m512i v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
+
+// Byte `i` (0..3) of every 32-bit lane, as 16 int32 (unsigned).
+static inline __m512i byte_of(__m512i v, int i) {
+  return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xff));
+}
+
+// The scales (d·sc) and offsets (−dmin·m) of the eight groups of a Q4_K / Q5_K block, 16 columns each.
+static inline void k_scales(const uint8_t* tb, __m512* sc, __m512* mn) {
+  const __m512 d = halves16(tb), dmin = halves16(tb + 32);
+  const __m512i w0 = ld(tb + 64), w1 = ld(tb + 128), w2 = ld(tb + 192);
+  const __m512i six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(15), two = _mm512_set1_epi32(0x30);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i s = _mm512_and_si512(byte_of(w0, j), six), m = _mm512_and_si512(byte_of(w1, j), six);
+    const __m512i s2 = _mm512_or_si512(_mm512_and_si512(byte_of(w2, j), four),
+                                       _mm512_and_si512(_mm512_srli_epi32(byte_of(w0, j), 2), two));
+    const __m512i m2 = _mm512_or_si512(_mm512_srli_epi32(byte_of(w2, j), 4),
+                                       _mm512_and_si512(_mm512_srli_epi32(byte_of(w1, j), 2), two));
+    sc[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
+    mn[j] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m)));
+    sc[j + 4] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s2));
+    mn[j + 4] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m2)));
+  }
+}
+
+// The sixteen int8 scales (times d) of a Q6_K block, 16 columns each.
+static inline void q6_scales(const uint8_t* tb, __m512* sc) {
+  const __m512 d = halves16(tb + kTileRows * 208);
+  for (int q = 0; q < 4; ++q) {
+    const __m512i w = ld(tb + kTileRows * (192 + 4 * q));
+    for (int i = 0; i < 4; ++i) {  // sign-extend byte i of each lane
+      const __m512i s = _mm512_srai_epi32(_mm512_slli_epi32(w, 24 - 8 * i), 24);
+      sc[4 * q + i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
+    }
+  }
+}
+
+// One tile (16 columns), activation rows r0..r0+R, columns lo..hi of the tile written to
+// y[row * ldy + c] (y points at the tile's first column).
+template <int FMT, int R>
+static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int64_t r0, float* y,
+                 int64_t ldy, __mmask16 cols) {
+  constexpr int BB = block_bytes(FMT), PB = block_elems(FMT) / 32;
+  constexpr bool KQ = FMT == Q4_K || FMT == Q5_K, OFFSET = FMT == Q4_1 || KQ;
+  const int64_t k = x.k, G = k / 32, blocks = row_bytes / BB;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 sc[16], mn[8];
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* tb = t + b * kTileRows * BB;
+    _mm_prefetch(reinterpret_cast<const char*>(tb + 2 * kTileRows * BB), _MM_HINT_T0);
+    if (KQ) k_scales(tb, sc, mn);
+    if (FMT == Q6_K) q6_scales(tb, sc);
+    for (int j = 0; j < PB; ++j) {
+      const int64_t g = b * PB + j;
+      __m512i w[8];
+      __m512 s0, s1 = _mm512_setzero_ps(), off = _mm512_setzero_ps();
+      if (FMT == Q4_0 || FMT == Q4_1) {
+        const uint8_t* q = tb + kTileRows * (FMT == Q4_0 ? 2 : 4);
+        for (int i = 0; i < 4; ++i) {
+          const __m512i v = ld(q + 64 * i);
+          w[i] = lo4(v);
+          w[i + 4] = hi4(v);
+        }
+        s0 = halves16(tb);
+        if (FMT == Q4_1) off = halves16(tb + 32);
+      } else if (FMT == Q8_0) {
+        for (int i = 0; i < 8; ++i) w[i] = ld(tb + kTileRows * 2 + 64 * i);
+        s0 = halves16(tb);
+      } else if (KQ) {
+        const uint8_t* q = tb + kTileRows * ((FMT == Q4_K ? 16 : 48) + 32 * (j / 2));
+        for (int i = 0; i < 8; ++i) w[i] = (j & 1) ? hi4(ld(q + 64 * i)) : lo4(ld(q + 64 * i));
+        if (FMT == Q5_K) {
+          const uint8_t* qh = tb + kTileRows * 16;
+          for (int i = 0; i < 8; ++i) {
+            const __m512i bit = _mm512_and_si512(_mm512_srli_epi16(ld(qh + 64 * i), j), _mm512_set1_epi8(1));
+            w[i] = _mm512_or_si512(w[i], _mm512_slli_epi16(bit, 4));
+          }
+        }
+        s0 = sc[j];
+        off = mn[j];
+      } else {  // Q6_K
+        const int n = j / 4, t4 = j % 4;
+        const uint8_t* ql = tb + kTileRows * (64 * n + 32 * (t4 & 1));
+        const uint8_t* qh = tb + kTileRows * (128 + 32 * n);
+        for (int i = 0; i < 8; ++i) {
+          const __m512i l = t4 >= 2 ? hi4(ld(ql + 64 * i)) : lo4(ld(ql + 64 * i));
+          const __m512i h = _mm512_and_si512(_mm512_srli_epi16(ld(qh + 64 * i), 2 * t4), _mm512_set1_epi8(3));
+          w[i] = _mm512_or_si512(l, _mm512_slli_epi16(h, 4));
+        }
+        s0 = sc[2 * j];
+        s1 = sc[2 * j + 1];
+      }
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = r0 + r;
+        const int8_t* xq = x.q.data() + row * k + 32 * g;
+        const int32_t* qs = x.qsum16.data() + row * 2 * G + 2 * g;
+        const __m512 xd = _mm512_set1_ps(x.d[row * G + g]);
+        if (FMT == Q6_K) {  // a scale per 16 values: two sums
+          __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+          for (int i = 0; i < 4; ++i) d0 = _mm512_dpbusd_epi32(d0, w[i], bcast4(xq + 4 * i));
+          for (int i = 4; i < 8; ++i) d1 = _mm512_dpbusd_epi32(d1, w[i], bcast4(xq + 4 * i));
+          d0 = _mm512_sub_epi32(d0, _mm512_set1_epi32(32 * qs[0]));
+          d1 = _mm512_sub_epi32(d1, _mm512_set1_epi32(32 * qs[1]));
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, xd), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, xd), acc[r]);
+          continue;
+        }
+        __m512i dot = _mm512_setzero_si512();
+        for (int i = 0; i < 8; ++i) dot = _mm512_dpbusd_epi32(dot, w[i], bcast4(xq + 4 * i));
+        if (FMT == Q4_0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * (qs[0] + qs[1])));
+        if (FMT == Q8_0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * (qs[0] + qs[1])));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s0, xd), acc[r]);
+        if (OFFSET) acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(x.dsum[row * G + g]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, cols, acc[r]);
+}
+
+// Every activation row against one tile: chunks of 16 rows, then the rest in one chunk.
+template <int FMT>
+static void tile_rows(const uint8_t* t, int64_t row_bytes, const Activations& x, float* y,
+                      int64_t ldy, __mmask16 cols) {
+  int64_t r = 0;
+  for (; r + 16 <= x.m; r += 16) tile<FMT, 16>(t, row_bytes, x, r, y, ldy, cols);
+  switch (x.m - r) {
+#define RS_ROWS(n) case n: tile<FMT, n>(t, row_bytes, x, r, y, ldy, cols); break;
+    RS_ROWS(1) RS_ROWS(2) RS_ROWS(3) RS_ROWS(4) RS_ROWS(5) RS_ROWS(6) RS_ROWS(7) RS_ROWS(8)
+    RS_ROWS(9) RS_ROWS(10) RS_ROWS(11) RS_ROWS(12) RS_ROWS(13) RS_ROWS(14) RS_ROWS(15)
+#undef RS_ROWS
+    default: break;
+  }
+}
+
+}  // namespace tiled
+
+// Columns n0 <= c < n1 of the full tiles of a tiled weight (n0, n1 within the tiled rows).
+inline void tiled_columns(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                          int64_t ldy) {
+  for (int64_t t = n0 / kTileRows; t * kTileRows < n1; ++t) {
+    const int64_t c0 = t * kTileRows;
+    const int lo = int(std::max(n0, c0) - c0), hi = int(std::min(n1, c0 + kTileRows) - c0);
+    const __mmask16 cols = __mmask16(((1u << hi) - 1) & ~((1u << lo) - 1));
+    const uint8_t* tp = w.data + c0 * w.row_bytes;
+    float* yc = y + c0;
+    switch (w.fmt) {
+      case Q4_0: tiled::tile_rows<Q4_0>(tp, w.row_bytes, x, yc, ldy, cols); break;
+      case Q4_1: tiled::tile_rows<Q4_1>(tp, w.row_bytes, x, yc, ldy, cols); break;
+      case Q8_0: tiled::tile_rows<Q8_0>(tp, w.row_bytes, x, yc, ldy, cols); break;
+      case Q4_K: tiled::tile_rows<Q4_K>(tp, w.row_bytes, x, yc, ldy, cols); break;
+      case Q5_K: tiled::tile_rows<Q5_K>(tp, w.row_bytes, x, yc, ldy, cols); break;
+      default: tiled::tile_rows<Q6_K>(tp, w.row_bytes, x, yc, ldy, cols); break;
+    }
+  }
+}
+
+#endif  // RS_AVX512
+
+}  // namespace rs

@@ -1,0 +1,278 @@
+"""The whole decode step in one native call, for packed models of the Llama family.
+
+Contract: `install(model)` makes a packed model's step forwards (decode and verify: up to
+packed.STEP_ROWS rows, or any forward inside packed.step_forward()) run as ONE call of
+ragspec's StepModel (native/step.cpp) instead of transformers' modules around the kernels, and
+returns None; where the model cannot run it (a family or a layer kind it does not cover, or
+RAGSPEC_NATIVE_STEP=0) it changes nothing and returns why, in one line. Every other forward — a
+long prefill, a batched ragged forward, a call with embeddings, a mask other than all ones or
+positions other than the rows' own, a cache of other layers — runs the model's own forward as before.
+transformers' `generate` (an all-ones mask, its own DynamicCache) takes the native step too,
+so greedy `generate` and ragspec's engine compute the same steps on the same model object.
+`stats(model)` gives the native step's time counters.
+
+What stays as it was:
+  * the cache: the new keys and values go into the same GrowingLayer buffers
+    (ragspec.decoding.cache) the module path writes, at the same positions, so a rejected
+    draft is cropped as before and a later forward of either path sees the same cache;
+  * batch invariance: every operation in step.cpp computes a row from that row alone (see
+    there), so a k-token verify gives, row for row, what k one-token steps give;
+  * the reference: fp32 models keep transformers' modules (only packed models take this);
+  * the arithmetic: the same kernels (kernels.h's products, attention.cpp's attend_row) on the
+    same inputs; norms, rotary positions and activations are fp32 loops, so logits agree
+    with the module path to float rounding (the test suite bounds the difference).
+
+Families are one code path with parameters (FAMILIES): optional biases on every product
+(Qwen2), per-head q/k norms (Qwen3), residual/embedding/logit multipliers (Granite). A family
+not listed, sliding-window layers, partial or dynamic rotary positions, or an activation other
+than SiLU keep the module path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from ragspec.decoding.cache import GrowingLayer
+from ragspec.decoding.packed import PackedLinear, _is_step
+
+ENV = "RAGSPEC_NATIVE_STEP"
+_ROPE_TYPES = ("default", "linear", "llama3")
+_LAYERS = (GrowingLayer, DynamicLayer)  # cache layers whose buffers the native step writes
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a family departs from Llama's step (all off: Llama)."""
+
+    qk_norm: bool = False  # RMSNorm over each head of q and k before the rotary positions
+    multipliers: bool = False  # Granite's embedding, residual, attention and logit multipliers
+
+
+# Families checked against their module forward by the test suite (tests/test_native_step.py).
+FAMILIES: dict[str, Variant] = {
+    "llama": Variant(), "mistral": Variant(), "qwen2": Variant(),
+    "qwen3": Variant(qk_norm=True), "granite": Variant(multipliers=True),
+}
+
+
+def _empty() -> torch.Tensor:
+    return torch.empty(0)
+
+
+def _linear(module, name: str, tensors: list, formats: list) -> None:
+    if not isinstance(module, PackedLinear):
+        raise _Unsupported(f"{name} is not a packed linear layer")
+    tensors += [module.packed.data, module.bias.data if module.bias is not None else _empty()]
+    formats.append(module.packed.code)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _layer_attrs(layer) -> tuple:
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn, mlp, layer.input_layernorm, layer.post_attention_layernorm
+
+
+def _arguments(model, variant: Variant) -> tuple[list, list, list]:
+    """StepModel's (tensors, ints, floats) for `model` (layout in step.cpp)."""
+    cfg = model.config
+    inner = model.model
+    rotary = inner.rotary_emb
+    if getattr(rotary, "rope_type", "default") not in _ROPE_TYPES:
+        raise _Unsupported(f"rotary type {rotary.rope_type!r}")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise _Unsupported(f"activation {cfg.hidden_act!r}")
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if rotary.inv_freq.numel() * 2 != head_dim:
+        raise _Unsupported("partial rotary positions")
+    head = model.get_output_embeddings()
+    tensors: list = [rotary.inv_freq.float(), inner.norm.weight.data]
+    formats: list = []
+    head_tensors: list = []
+    _linear(head, "the LM head", head_tensors, formats)
+    tensors += head_tensors
+    eps = float(inner.norm.variance_epsilon)
+    scale = None
+    for i, layer in enumerate(inner.layers):
+        attn, mlp, norm1, norm2 = _layer_attrs(layer)
+        if float(norm1.variance_epsilon) != eps or float(norm2.variance_epsilon) != eps:
+            raise _Unsupported("norms with different epsilons")
+        if scale is not None and attn.scaling != scale:
+            raise _Unsupported("layers with different attention scales")
+        scale = attn.scaling
+        tensors.append(norm1.weight.data)
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            _linear(getattr(attn, name), f"layer {i} {name}", tensors, formats)
+        tensors.append(norm2.weight.data)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            _linear(getattr(mlp, name), f"layer {i} {name}", tensors, formats)
+        if variant.qk_norm:
+            tensors += [attn.q_norm.weight.data, attn.k_norm.weight.data]
+        else:
+            tensors += [_empty(), _empty()]
+    head_format = formats.pop(0)
+    ints = [len(inner.layers), cfg.hidden_size, heads, kv_heads, head_dim, cfg.intermediate_size,
+            head.out_features, *formats, head_format]
+    resid = embed = logit = 1.0
+    if variant.multipliers:
+        resid, embed = float(cfg.residual_multiplier), float(cfg.embedding_multiplier)
+        logit = 1.0 / float(cfg.logits_scaling)
+    floats = [eps, float(scale), float(getattr(rotary, "attention_scaling", 1.0)), resid, embed,
+              logit, 0.0]
+    return tensors, ints, floats
+
+
+def problem(model) -> str | None:
+    """Why `model`'s steps cannot run natively (None when they can)."""
+    from ragspec.decoding.cache import new_cache
+
+    if os.environ.get(ENV, "").strip() == "0":
+        return f"turned off ({ENV}=0)"
+    kind = getattr(model.config, "model_type", type(model).__name__)
+    variant = FAMILIES.get(kind)
+    if variant is None:
+        return f"{kind} is not a family the native step covers"
+    layers = new_cache(model).layers
+    if not layers or not all(type(layer) is GrowingLayer for layer in layers):
+        return f"{kind}: sliding-window or other non-growing cache layers"
+    try:
+        _arguments(model, variant)
+    except _Unsupported as exc:
+        return f"{kind}: {exc}"
+    except AttributeError as exc:
+        return f"{kind}: layers laid out unlike Llama's ({exc})"
+    return None
+
+
+def install(model) -> str | None:
+    """See the module docstring: None when installed, else why not."""
+    from ragspec.decoding import native
+
+    if not native.loaded():
+        return "the native kernels are not loaded"
+    reason = problem(model)
+    if reason is not None:
+        return reason
+    tensors, ints, floats = _arguments(model, FAMILIES[model.config.model_type])
+    step = torch.classes.ragspec.StepModel(tensors, ints, floats)
+    module_forward = model.forward
+    embed = model.get_input_embeddings()
+    n_layers = len(model.model.layers)
+    kv_heads, head_dim = ints[3], ints[4]
+    dummy = torch.empty(1, kv_heads, 0, head_dim)  # shapes the cache buffers GrowingLayer makes
+
+    @functools.wraps(module_forward)
+    def forward(input_ids=None, attention_mask=None, position_ids=None, cache=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        start = _native_start(input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
+                              use_cache, logits_to_keep, kwargs, n_layers)
+        if start is None:
+            return module_forward(input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=position_ids, cache=cache,
+                                  inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                                  logits_to_keep=logits_to_keep, **kwargs)
+        rows = input_ids.shape[1]
+        keys, values = _reserve(cache.layers, start, start + rows, dummy)
+        x = embed(input_ids[0]).float()
+        keep = rows if logits_to_keep <= 0 else min(rows, logits_to_keep)
+        logits = step.forward(x, keys, values, start, keep)
+        _publish(cache.layers, keys, values, start + rows)
+        return _output(logits, cache)
+
+    model.forward = forward
+    model._ragspec_step = step
+    return None
+
+
+def _native_start(input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
+                  use_cache, logits_to_keep, kwargs, n_layers: int) -> int | None:
+    """The cached positions before a forward the native step can run, or None when it cannot:
+    one sequence of at most a step's rows, no embeddings or labels, a cache of GrowingLayer
+    (ragspec's) or DynamicLayer (transformers' generate) layers at one length, no mask or an
+    all-ones one, and no position ids or the rows' own (what generate passes)."""
+    layers = getattr(cache, "layers", None)
+    if (input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1
+            or inputs_embeds is not None or labels is not None
+            or use_cache is False or not isinstance(logits_to_keep, int)
+            or any(k != "return_dict" or v is not True for k, v in kwargs.items())
+            or not _is_step(input_ids.shape[1]) or layers is None or len(layers) != n_layers
+            or not all(type(layer) in _LAYERS for layer in layers)):
+        return None
+    start = layers[0].get_seq_length()
+    if any(layer.get_seq_length() != start for layer in layers):
+        return None
+    if attention_mask is not None and (
+            attention_mask.shape != (1, start + input_ids.shape[1]) or not bool(attention_mask.all())):
+        return None
+    if position_ids is not None and not torch.equal(
+            position_ids.reshape(-1), torch.arange(start, start + input_ids.shape[1])):
+        return None
+    return start
+
+
+def _reserve(layers, start: int, end: int, dummy: torch.Tensor) -> tuple[list, list]:
+    """Each layer's key and value buffers with room for positions up to `end`: a GrowingLayer's
+    own (grown when full); for a DynamicLayer new ones holding its keys and values, as its
+    own update's concatenation would make."""
+    keys, values = [], []
+    for layer in layers:
+        if not layer.is_initialized:
+            layer.lazy_initialization(dummy, dummy)
+        if type(layer) is GrowingLayer:
+            buf = layer._key_buf
+            if buf is None or buf.shape[-2] < end:
+                layer._reserve(end, dummy, dummy)
+            keys.append(layer._key_buf)
+            values.append(layer._value_buf)
+        else:
+            for old, out in ((layer.keys, keys), (layer.values, values)):
+                buf = torch.empty((*dummy.shape[:2], end, dummy.shape[-1]))
+                if start:
+                    buf[..., :start, :].copy_(old)
+                out.append(buf)
+    return keys, values
+
+
+def _publish(layers, keys: list, values: list, end: int) -> None:
+    """Record that the layers now hold `end` positions (the native step wrote them)."""
+    for layer, k, v in zip(layers, keys, values, strict=True):
+        if type(layer) is GrowingLayer:
+            layer._length = end
+            layer._publish()
+        else:
+            layer.keys, layer.values = k, v
+
+
+def _output(logits: torch.Tensor, cache):
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return CausalLMOutputWithPast(logits=logits.unsqueeze(0), cache=cache)
+
+
+def installed(model) -> bool:
+    return getattr(model, "_ragspec_step", None) is not None
+
+
+def stats(model) -> dict[str, float] | None:
+    """The native step's counters since the last reset: forwards, and seconds in all, in
+    products (with preparing their inputs) and in attention; None when it is not installed."""
+    step = getattr(model, "_ragspec_step", None)
+    if step is None:
+        return None
+    calls, total, matmul, attend = step.stats()
+    return {"forwards": calls, "seconds": total / 1e9, "product_seconds": matmul / 1e9,
+            "attention_seconds": attend / 1e9}
+
+
+def reset_stats(model) -> None:
+    step = getattr(model, "_ragspec_step", None)
+    if step is not None:
+        step.reset_stats()

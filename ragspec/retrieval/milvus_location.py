@@ -1,0 +1,46 @@
+"""Where a Milvus index lives: the parsed form of a Milvus `--index` value (backends.parse).
+
+Contract: a MilvusLocation names a Milvus Lite file or a server URI and a collection; it knows
+where this machine keeps the index's write lock and keyword files. It imports nothing from the stores, so both
+backends.py (which opens stores) and milvus_store.py (which is opened) can depend on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class MilvusLocation:
+    """Where a Milvus index lives: a Milvus Lite file or a server URI, and the collection."""
+
+    uri: str  # a local file path (Milvus Lite) or http(s)://host:port
+    collection: str
+    spec: str  # as the user wrote it (shown in messages)
+
+    @property
+    def lite(self) -> bool:
+        return not self.uri.startswith(("http://", "https://"))
+
+    def lock_place(self) -> tuple[Path, str]:
+        """(folder, file name) of this index's write lock on this machine."""
+        if self.lite:
+            path = Path(self.uri)
+            return path.parent, f".{path.name}.{self.collection}.write.lock"
+        from ragspec import paths
+
+        return paths.home() / "locks", f"milvus-{self._safe()}.lock"
+
+    def keywords_folder(self) -> Path:
+        """Where this machine keeps the index's keyword files (milvus_keywords.py): beside a
+        Milvus Lite file; under the data directory for a server."""
+        if self.lite:
+            path = Path(self.uri)
+            return path.parent / f".{path.name}.{self.collection}.keywords"
+        from ragspec import paths
+
+        return paths.home() / "milvus-keywords" / self._safe()
+
+    def _safe(self) -> str:
+        return "".join(c if c.isalnum() else "-" for c in f"{self.uri}-{self.collection}")

@@ -1,0 +1,128 @@
+"""Keyword ranking is the same whichever backend holds the passages: a Milvus index keeps
+ragspec's BM25 in a file beside it (milvus_keywords.py). The pipeline's top k for the 24
+questions of data/ are the same passages in the same order from the FAISS folder and Milvus
+Lite; the file catches up across commits that did not rewrite it, is rebuilt from the texts when
+it is missing or damaged, and a crashed commit leaves no file behind after the next writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fakes import HashEmbedder
+
+from ragspec.retrieval import backends, milvus_keywords
+from ragspec.retrieval import milvus_store as milvus_module
+from ragspec.retrieval.bm25 import BM25Index
+from ragspec.retrieval.ingest import ingest_paths
+from ragspec.search import retrieve
+
+REPO = Path(__file__).resolve().parent.parent
+QUESTIONS = [json.loads(line)["question"]
+             for line in (REPO / "data" / "questions.jsonl").read_text().splitlines() if line]
+
+
+@pytest.fixture
+def opened():
+    stores = []
+
+    def open_(where):
+        store = backends.open_index(where, HashEmbedder())
+        stores.append(store)
+        return store
+
+    yield open_
+    for store in stores:
+        store.close()
+
+
+def _fresh_top(store, query: str, k: int = 50) -> list[str]:
+    """The BM25 ranking of an index built at once from what the store holds now."""
+    index = BM25Index.build((p.id, p.text) for p in store.passages())
+    return [pid for pid, _ in index.top(query, k)]
+
+
+def test_the_pipelines_hybrid_passages_are_the_same_on_both_backends(tmp_path, opened):
+    folder = opened(str(tmp_path / "index"))
+    milvus = opened(f"milvus:{tmp_path}/index.db")
+    for store in (folder, milvus):
+        ingest_paths([REPO / "data" / "corpus"], store)
+    assert len(QUESTIONS) == 24
+    for question in QUESTIONS:
+        assert milvus._keyword_ids(question, 50) == folder._keyword_ids(question, 50)
+        a = retrieve(folder, question, k=4, search="hybrid")
+        b = retrieve(milvus, question, k=4, search="hybrid")
+        assert [h.passage for h in a.hits] == [h.passage for h in b.hits], question
+        assert [h.fused for h in a.hits] == [h.fused for h in b.hits]
+
+
+def _corpus(tmp_path: Path, n: int) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir(exist_ok=True)
+    for i in range(n):
+        (docs / f"note{i:02d}.txt").write_text(
+            f"Note {i} about queue {i % 3} and worker {i % 5}.\n\nError E{200 + i} means quota "
+            f"{i} is gone; " + "retry later. " * (i % 4) + "\n")
+    return docs
+
+
+def test_the_keyword_file_catches_up_across_commits_that_did_not_rewrite_it(
+        tmp_path, opened, monkeypatch):
+    monkeypatch.setattr(milvus_keywords, "REWRITE_SHARE", 10.0)  # only the first commit writes
+    docs = _corpus(tmp_path, 12)
+    where = f"milvus:{tmp_path}/k.db"
+    store = opened(where)
+    ingest_paths(sorted(docs.iterdir())[:6], store)
+    first = store._keywords.file
+    ingest_paths(sorted(docs.iterdir()), store)  # six more, no rewrite
+    (docs / "note01.txt").write_text("Note one, rewritten: the quota error is E999 now.\n")
+    ingest_paths([docs / "note01.txt"], store)  # a replaced document
+    store.remove(str(docs / "note02.txt"))  # a removed one
+    assert store._keywords.file == first
+    queries = ["quota error E999", "queue 1 worker 2", "E203 retry", "note about E205"]
+    expected = {q: _fresh_top(store, q) for q in queries}
+    store = _reopen(opened, store, where)
+    assert store._keywords.file == first  # read from the old file plus the newer rows
+    assert {q: store._keyword_ids(q, 50) for q in queries} == expected
+    # A damaged file, then a missing one: rebuilt from the texts, same ranking.
+    path = store.location.keywords_folder() / first["file"]
+    path.write_bytes(path.read_bytes()[:-10] + b"0123456789")
+    store = _reopen(opened, store, where)
+    assert store._keywords.file is None
+    assert {q: store._keyword_ids(q, 50) for q in queries} == expected
+    path.unlink()
+    store = _reopen(opened, store, where)
+    assert {q: store._keyword_ids(q, 50) for q in queries} == expected
+
+
+def _reopen(opened, store, where):
+    store.close()
+    return opened(where)
+
+
+def test_a_crashed_commit_leaves_the_named_keyword_file_and_the_next_writer_cleans_up(
+        tmp_path, opened, monkeypatch):
+    docs = _corpus(tmp_path, 6)
+    where = f"milvus:{tmp_path}/c.db"
+    store = opened(where)
+    ingest_paths(sorted(docs.iterdir())[:2], store)
+    named = store._keywords.file
+    folder = store.location.keywords_folder()
+
+    def crash(*args, **kwargs):
+        raise OSError("simulated crash at the commit point")
+
+    monkeypatch.setattr(milvus_module, "_commit_point", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        ingest_paths(sorted(docs.iterdir()), store)  # its keyword file is written, not named
+    monkeypatch.undo()
+    assert len(list(folder.glob("gen-*.npz"))) == 2
+    assert store._keywords.file == named and len(store._keywords.index) == store.passage_count()
+    assert store._keyword_ids("E204", 5) == []  # a passage of the crashed commit
+    (tmp_path / "late.txt").write_text("A late note.\n")
+    ingest_paths([tmp_path / "late.txt"], store)
+    assert [p.name for p in folder.glob("gen-*.npz")] == [store._keywords.file["file"]]
+    assert store._keyword_ids("E204", 5) == []
+    assert _reopen(opened, store, where)._keyword_ids("late note", 5) == \
+        _fresh_top(store, "late note", 5)

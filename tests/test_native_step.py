@@ -1,0 +1,189 @@
+"""The native decode step (ragspec.decoding.native_step, native/step.cpp) against its oracle.
+
+For each family it covers, as a tiny random model packed to int8 / int4 / bf16: the logits and
+cache contents of the native step equal the module-based packed forward's (the same kernels
+under transformers' modules) within float rounding; a verify forward is bit-identical to one-token
+steps, also after a rollback; greedy speculation gives the same tokens as plain decoding; and a
+model or a call the native step does not cover runs the module path unchanged.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import _COMMON, MODEL_CACHE, make_family_model
+from test_arch_matrix import matrix_prompts
+from test_packed import packed_copy
+
+from ragspec.decoding import native, native_step
+from ragspec.decoding.cache import crop_cache, new_cache
+from ragspec.decoding.engine import Generator
+from ragspec.decoding.packed import STEP_ROWS
+from ragspec.decoding.types import DraftConfig, GenerationConfig
+
+# family -> config overrides: each family's trait on, sliding windows off (those keep modules)
+COVERED = {
+    "llama": dict(attention_bias=False),
+    "mistral": dict(sliding_window=None),
+    "qwen2": dict(use_sliding_window=False),  # q/k/v biases
+    "qwen3": {},  # per-head q/k norms
+    "granite": dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
+                    logits_scaling=4.0),
+}
+WEIGHTS = ("int8", "int4", "bf16")
+# |native - module| over the logits' scale; float rounding in norms, rotary and activations
+# (the products and attention are the same kernels) stays far below this
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels(one_thread):
+    native.ops(MODEL_CACHE)
+
+
+def _model(family: str, vocab: int, seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(family, vocab_size=vocab, **{**_COMMON, **COVERED[family]})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture(scope="module")
+def pairs(tiny_tokenizer, tmp_path_factory):
+    """family -> (packed model with the native step, its module forward, weights)."""
+    built = {}
+    for i, family in enumerate(COVERED):
+        weights = WEIGHTS[i % len(WEIGHTS)]
+        model = packed_copy(_model(family, len(tiny_tokenizer)), weights,
+                            tmp_path_factory.mktemp(family))
+        module_forward = model.forward
+        assert native_step.install(model) is None
+        built[family] = model, module_forward, weights
+    return built
+
+
+def _scale_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
+
+
+def _inputs(model, seed: int, length: int, count: int = 1):
+    """A test prompt and `count` random runs of `length` tokens for `model`."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    runs = [torch.randint(3, vocab, (1, length), generator=g) for _ in range(count)]
+    return next(matrix_prompts(vocab, 1, seed=seed + 1)), runs
+
+
+def _layer_kv(cache, length: int):
+    return [(layer.keys[..., :length, :], layer.values[..., :length, :]) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("family", COVERED)
+def test_native_logits_and_cache_match_the_module_forward(pairs, family):
+    model, module_forward, weights = pairs[family]
+    prompt, (draft,) = _inputs(model, 1, 5)
+    native_step.reset_stats(model)
+    with torch.inference_mode():
+        ours, theirs = new_cache(model), new_cache(model)
+        ids = torch.tensor([prompt])
+        a = model(input_ids=ids, cache=ours, use_cache=True).logits[0]  # a short prefill: a step
+        b = module_forward(input_ids=ids, cache=theirs, use_cache=True).logits[0]
+        assert _scale_error(a, b) < TOLERANCE, weights
+        a = model(input_ids=draft, cache=ours, use_cache=True).logits[0]
+        b = module_forward(input_ids=draft, cache=theirs, use_cache=True).logits[0]
+        assert _scale_error(a, b) < TOLERANCE, weights
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+        length = len(prompt) + draft.shape[1]
+        assert ours.get_seq_length() == theirs.get_seq_length() == length
+        for (ka, va), (kb, vb) in zip(_layer_kv(ours, length), _layer_kv(theirs, length), strict=True):
+            assert _scale_error(ka, kb) < TOLERANCE and _scale_error(va, vb) < TOLERANCE
+    assert native_step.stats(model)["forwards"] == 2  # both went through the native step
+
+
+def test_a_long_prefill_keeps_the_modules_and_the_steps_after_it_are_native(pairs):
+    model, module_forward, _ = pairs["llama"]
+    vocab = model.config.vocab_size
+    prompt = torch.randint(3, vocab, (1, STEP_ROWS + 6), generator=torch.Generator().manual_seed(3))
+    native_step.reset_stats(model)
+    with torch.inference_mode():
+        ours, theirs = new_cache(model), new_cache(model)
+        a = model(input_ids=prompt, cache=ours, use_cache=True, logits_to_keep=1).logits[0]
+        b = module_forward(input_ids=prompt, cache=theirs, use_cache=True, logits_to_keep=1).logits[0]
+        assert torch.equal(a, b) and native_step.stats(model)["forwards"] == 0
+        token = a.argmax(-1, keepdim=True)
+        for _ in range(3):
+            a = model(input_ids=token, cache=ours, use_cache=True).logits[0]
+            b = module_forward(input_ids=token, cache=theirs, use_cache=True).logits[0]
+            assert _scale_error(a, b) < TOLERANCE
+            token = a.argmax(-1, keepdim=True)
+    assert native_step.stats(model)["forwards"] == 3
+
+
+@pytest.mark.parametrize("family", COVERED)
+def test_a_verify_is_bit_identical_to_one_token_steps_and_after_a_rollback(pairs, family):
+    model, _, _ = pairs[family]
+    prompt, (draft, other) = _inputs(model, 0, 7, count=2)
+    with torch.inference_mode():
+        cache = new_cache(model)
+        model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+        base = cache.get_seq_length()
+        steps = torch.cat([model(input_ids=draft[:, i:i + 1], cache=cache, use_cache=True).logits[0]
+                           for i in range(draft.shape[1])])
+        crop_cache(cache, base)
+        together = model(input_ids=draft, cache=cache, use_cache=True).logits[0]
+        assert torch.equal(together, steps)
+        # a rejected draft: roll back 4 positions and verify other tokens there
+        crop_cache(cache, base + 3)
+        rolled = model(input_ids=other[:, :4], cache=cache, use_cache=True).logits[0]
+        # the same tokens one step at a time on a cache that never held the rejected ones
+        fresh = new_cache(model)
+        model(input_ids=torch.tensor([prompt]), cache=fresh, use_cache=True)
+        alone = torch.cat([model(input_ids=t[:, i:i + 1], cache=fresh, use_cache=True).logits[0]
+                           for t, n in ((draft, 3), (other, 4)) for i in range(n)])[3:]
+        assert torch.equal(rolled, alone)
+
+
+@pytest.mark.parametrize("family", COVERED)
+def test_greedy_speculation_on_the_native_step_equals_plain_decoding(pairs, tiny_tokenizer, family):
+    model, _, _ = pairs[family]
+    gen = Generator(model, tiny_tokenizer, eos_token_ids=[2])
+    spec = GenerationConfig(max_new_tokens=32, draft=DraftConfig(adaptive=False))
+    plain = GenerationConfig(max_new_tokens=32, draft=DraftConfig(enabled=False))
+    accepted, rejected = 0, 0
+    native_step.reset_stats(model)
+    for prompt in matrix_prompts(model.config.vocab_size, 4):
+        on, off = gen.generate(prompt, spec), gen.generate(prompt, plain)
+        assert on.token_ids == off.token_ids
+        accepted += on.stats.accepted_tokens
+        rejected += on.stats.drafted_tokens - on.stats.accepted_tokens
+    assert accepted > 0 and rejected > 0  # drafts were accepted and rolled back
+    assert native_step.stats(model)["forwards"] > 0
+
+
+def test_families_and_layers_it_does_not_cover_keep_the_modules(tiny_tokenizer, tmp_path,
+                                                                 monkeypatch):
+    windowed = packed_copy(make_family_model("mistral", len(tiny_tokenizer)), "int8", tmp_path / "m")
+    assert "sliding-window" in native_step.install(windowed)
+    gemma = packed_copy(make_family_model("gemma3_text", len(tiny_tokenizer)), "int8", tmp_path / "g")
+    assert "not a family" in native_step.install(gemma)
+    llama = packed_copy(_model("llama", len(tiny_tokenizer)), "int8", tmp_path / "l")
+    monkeypatch.setenv(native_step.ENV, "0")
+    assert "turned off" in native_step.install(llama)
+    for model in (windowed, gemma, llama):
+        assert not native_step.installed(model) and "forward" not in vars(model)
+
+
+def test_transformers_generate_takes_the_native_step_and_gives_the_engine_s_tokens(
+        pairs, tiny_tokenizer):
+    from test_arch_matrix import hf_greedy
+
+    model, _, _ = pairs["qwen3"]
+    gen = Generator(model, tiny_tokenizer, eos_token_ids=[2])
+    for prompt in matrix_prompts(model.config.vocab_size, 2, seed=5):
+        native_step.reset_stats(model)
+        want = hf_greedy(model, prompt, 16)
+        assert native_step.stats(model)["forwards"] >= 15  # generate's decode steps ran natively
+        got = gen.generate(prompt, GenerationConfig(max_new_tokens=16, draft=DraftConfig(adaptive=False)))
+        assert got.token_ids == want
