@@ -10,7 +10,8 @@ Contract:
     were kept: running `ragspec ingest` on it again adds them), [] when none of the characters
     has a glyph box of its own.
   * `citer.span_dicts(spans, passages)` is `Span.to_dict()` for each span, with `page`, and for
-    PDFs `page_size`, `rotation` and `boxes`, added to every span copied from a passage (origin
+    PDFs `page_size`, `rotation`, `boxes` and `section` (the PDF outline's titles at that page,
+    or None), added to every span copied from a passage (origin
     `source` is the passage's 0-based index in `passages`, `char_start/char_end` its range).
 Plain data out; the front ends draw (or print) it.
 """
@@ -39,11 +40,15 @@ class Location:
     page_size: tuple[float, float] | None = None
     rotation: int = 0
     boxes: list[list[float]] | None = None
+    section: str | None = None
 
     def to_dict(self) -> dict:
         out: dict = {"page": self.page}
         if self.page_size is not None:
-            out.update(page_size=list(self.page_size), rotation=self.rotation, boxes=self.boxes)
+            out.update(page_size=list(self.page_size), rotation=self.rotation, boxes=self.boxes,
+                       section=self.section)
+        elif self.page is not None:
+            out["boxes"] = None  # a PDF page whose layout this index does not hold
         return out
 
 
@@ -79,7 +84,7 @@ class Citer:
         if page is None:
             return Location(passage.page)
         boxes = layout.boxes(passage.page, passage.start + start, passage.start + end)
-        return Location(passage.page, page.size, page.rotation, boxes)
+        return Location(passage.page, page.size, page.rotation, boxes, page.section)
 
     def span_dicts(self, spans: Sequence, passages: Sequence) -> list[dict]:
         out = []

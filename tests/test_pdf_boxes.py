@@ -248,3 +248,15 @@ def test_ingest_writes_the_layout_and_a_rerun_adds_it_to_an_older_index(tmp_path
     (layouts / f"{sha}.npz").unlink()
     report = ingest_paths([pdf], PassageStore.open(tmp_path / "index", HashEmbedder()))
     assert report.unchanged == [str(pdf)] and (layouts / f"{sha}.npz").exists()
+
+
+def test_a_page_knows_its_section_from_the_pdf_outline(tmp_path):
+    path = "/usr/share/doc/libtasn1-doc/libtasn1.pdf"  # bookmarks: chapters and sections
+    if not Path(path).exists():
+        pytest.skip(f"{path} is not installed")
+    docs = load_bytes(_bytes(path), "libtasn1.pdf")
+    sections = {d.metadata["page"]: d.metadata["layout"].section for d in docs}
+    assert sections[1] is None  # before the first bookmark
+    assert sections[5] == "2 ASN.1 structure handling \u203a ASN.1 syntax"
+    save_layouts(tmp_path, "ef" * 32, docs)
+    assert load_layout(tmp_path, "ef" * 32).page(5).section == sections[5]

@@ -189,3 +189,31 @@ def test_a_member_cannot_open_another_members_document(site):  # noqa: F811
     assert not [b for b in max_.get("download_button")]
     assert not any("private" in m.value for m in max_.markdown)
 
+
+
+def test_every_span_copied_from_a_pdf_passage_carries_its_page_and_boxes(indexed):
+    from ragspec.citations import Citer
+    from ragspec.decoding.types import Span, SpanOrigin
+    from ragspec.retrieval.layouts import layout_dir
+
+    store, pdf = indexed
+    passage = next(p for p in store.passages() if p.page == 5 and len(p.text) > 120)
+    copied = Span(passage.text[30:110], [1, 2], True, SpanOrigin(400, True, 0, 30, 110))
+    own = Span(" and so on", [3], False)
+    echo = Span("the question", [4], True, SpanOrigin(10, True, None))
+    spans = Citer(store).span_dicts([copied, own, echo], [passage])
+    assert "page" not in spans[1] and "page" not in spans[2]
+    cited = spans[0]
+    assert cited["page"] == 5 and cited["rotation"] == 0 and cited["section"] is None
+    assert cited["page_size"] == [612.0, 792.0]  # US letter, in points
+    layer = _PdfiumLayer(pdfium.PdfDocument(pdf.read_bytes())[4].get_textpage())
+    assert _letters(layer.under(cited["boxes"])) == _letters(copied.text)
+    # an index ingested before layouts were kept: the page, and boxes null
+    from ragspec import citations
+
+    for layout in layout_dir(store).iterdir():
+        layout.unlink()
+    citations._layouts.clear()  # what this process read before (named by content: kept)
+    fresh = PassageStore.open(store.index_dir, HashEmbedder())
+    again = Citer(fresh).span_dicts([copied], [passage])[0]
+    assert again["page"] == 5 and again["boxes"] is None

@@ -9,13 +9,24 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import make_char_tokenizer, make_tiny_model
 from test_pdf_boxes import _letters, _PdfiumLayer
-from test_ui_browser import SCREENSHOT_ENV, SIDEBAR, ask, chromium, open_page, serving  # noqa: F401
-from ui_support import tiny_model_folder
+from test_ui_browser import SCREENSHOT_ENV, SIDEBAR, ask, chromium, serving  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 MANUAL = Path("/usr/share/doc/bzip2/manual.pdf.gz")
+
+
+def long_context_model(path: Path) -> Path:
+    """A tiny random model reading characters, with room for four PDF passages of prompt."""
+    tok = make_char_tokenizer()
+    tok.eos_token = None
+    model = make_tiny_model(len(tok), max_position_embeddings=16384, eos_token_id=None)
+    model.generation_config.eos_token_id = None
+    tok.save_pretrained(path)
+    model.save_pretrained(path)
+    return path
 
 
 def test_browser_a_cited_pdf_opens_at_its_page_with_the_copied_words_boxed(chromium,  # noqa: F811
@@ -26,13 +37,21 @@ def test_browser_a_cited_pdf_opens_at_its_page_with_the_copied_words_boxed(chrom
     data = gzip.decompress(MANUAL.read_bytes())
     pdf = tmp_path / "bzip2 manual.pdf"
     pdf.write_bytes(data)
-    folder = tiny_model_folder(tmp_path / "tiny")
+    folder = long_context_model(tmp_path / "tiny")
     with serving(tmp_path, (f"tiny={folder}",), RAGSPEC_MODEL_CACHE=str(tmp_path / "cache")) as url:
-        page = open_page(chromium, url)
+        page = chromium.new_context(viewport={"width": 1400, "height": 1250}).new_page()
+        page.set_default_timeout(600_000)  # the first page run loads the embedding model
+        page.goto(url)
+        page.get_by_placeholder("Ask a question about your documents").wait_for()
         page.locator(f'{SIDEBAR} input[type="file"]').set_input_files(pdf)
         page.get_by_text("bzip2 manual.pdf: added").wait_for(timeout=600_000)
         ask(page, "How does bzip2recover recover data from damaged bzip2 files?")
-        page.get_by_text("Passages used").first.wait_for(timeout=600_000)
+        try:
+            page.get_by_text("Passages used").first.wait_for(timeout=600_000)
+        except Exception as exc:  # say what the page said instead
+            alerts = page.locator('[data-testid="stAlert"]')
+            raise AssertionError([alerts.nth(i).inner_text()
+                                  for i in range(alerts.count())]) from exc
 
         spans = page.locator("div.rs-answer a.rs-open")
         if spans.count():  # a span copied from a passage: click it

@@ -238,6 +238,8 @@ def _print_copied(console, prepared, spans, citer) -> None:
     for span in cited:
         n = span["origin"]["source"]
         where = printable(passage_label(n, prepared.passages[n]))
+        if span.get("section"):
+            where += f" ({printable(span['section'])})"
         if span.get("boxes"):
             where += f" · {len(span['boxes'])} box(es) on the page"
         text = printable(" ".join(span["text"].split()))

@@ -3,7 +3,7 @@
 Contract:
   * `save_layouts(directory, sha256, docs)` writes `directory/<sha256>.npz` for a document whose
     loaded pages carry a `layout` (PDFs, see pdf_text.py): per page its number, size, rotation
-    and one box per character of the page's text. The file is named by the document's content
+    and one box per character of the page's text, and the outline's section at that page. The file is named by the document's content
     hash, so it never changes once written (written atomically; an existing one is kept) and
     every index commit that holds that content finds it. Non-PDF documents write nothing.
   * `load_layout(directory, sha256)` reads it back without unpickling (None when there is none:
@@ -76,6 +76,7 @@ def save_layouts(directory: Path | None, sha256: str, docs) -> Path | None:
         pages=np.array([p.number for p in pages], dtype=np.int32),
         sizes=np.array([p.size for p in pages], dtype=np.float32).reshape(len(pages), 2),
         rotations=np.array([p.rotation for p in pages], dtype=np.int32),
+        sections=np.array([p.section or "" for p in pages], dtype=str),
         offsets=offsets,
         boxes=np.concatenate([p.boxes for p in pages]).astype(np.float32).reshape(-1, 4),
     )
@@ -89,6 +90,7 @@ class PageLayout:
     size: tuple[float, float]
     rotation: int
     boxes: np.ndarray  # (characters, 4), NaN rows for characters without a glyph
+    section: str | None = None  # the outline's titles at this page
 
 
 class DocumentLayout:
@@ -119,12 +121,14 @@ def load_layout(directory: Path | None, sha256: str) -> DocumentLayout | None:
                 return None
             numbers, sizes, rotations = npz["pages"], npz["sizes"], npz["rotations"]
             offsets, boxes = npz["offsets"], npz["boxes"]
+            sections = npz["sections"].tolist() if "sections" in npz else [""] * len(numbers)
     except (OSError, KeyError, ValueError):
         return None  # none written (or unreadable): the page is shown without boxes
     pages = {}
     for i, number in enumerate(numbers.tolist()):
         pages[number] = PageLayout(number, (float(sizes[i][0]), float(sizes[i][1])),
-                                   int(rotations[i]), boxes[offsets[i]:offsets[i + 1]])
+                                   int(rotations[i]), boxes[offsets[i]:offsets[i + 1]],
+                                   sections[i] or None)
     return DocumentLayout(pages)
 
 

@@ -13,7 +13,9 @@ every page `p`:
     `p.text`, the finite boxes of `p.boxes[a:b]` are exactly the glyphs of those characters:
     never a box on other words;
   * `p.size` is the page's (width, height) in points, unrotated, and `p.rotation` its /Rotate
-    (0, 90, 180, 270).
+    (0, 90, 180, 270);
+  * `p.section` is the PDF's outline (bookmarks) at that page, "Chapter › Section", as of the
+    last bookmark that points at or before the page; None without an outline.
 The page count is checked against `limits.max_pdf_pages` before any page is read, and the text
 against `limits.max_chars` as it grows. An encrypted PDF (a password is needed to open it) and
 a damaged one raise LoadError with a sentence a user can act on; a PDF whose pages hold no text
@@ -46,6 +48,7 @@ class PdfPage:
     boxes: np.ndarray
     size: tuple[float, float]
     rotation: int = 0
+    section: str | None = None
 
     def __post_init__(self) -> None:
         if self.number < 1:
@@ -78,9 +81,10 @@ def read_pdf(data: bytes, limits: IngestLimits) -> list[PdfPage]:
                 f"split it, or raise the limit with {ENV_FOR['max_pdf_pages']}"
             )
         buffer = TextBuffer(limits.max_chars)
+        sections = _sections(pdf, count)
         pages = []
         for index in range(count):
-            page = _read_page(pdf, index)
+            page = _read_page(pdf, index, sections[index])
             buffer.add(page.text)  # counts the characters; the pages themselves are kept
             pages.append(page)
         return pages
@@ -90,7 +94,29 @@ def read_pdf(data: bytes, limits: IngestLimits) -> list[PdfPage]:
         pdf.close()
 
 
-def _read_page(pdf, index: int) -> PdfPage:
+def _sections(pdf, count: int) -> list[str | None]:
+    """The outline's chain of titles in effect on each page (None before the first bookmark)."""
+    marks: list[tuple[int, str]] = []
+    chain: list[str] = []
+    try:
+        for item in pdf.get_toc(max_depth=4):
+            title = " ".join((item.get_title() or "").split())
+            dest = item.get_dest()
+            index = dest.get_index() if dest is not None else None
+            del chain[item.level:]
+            chain.append(title)
+            if index is not None and 0 <= index < count and title:
+                marks.append((index, " \u203a ".join(t for t in chain if t)))
+    except Exception:  # noqa: BLE001  # a damaged outline only costs the section names
+        return [None] * count
+    out: list[str | None] = [None] * count
+    for index, name in sorted(marks, key=lambda m: m[0]):  # stable: reading order within a page
+        for page in range(index, count):
+            out[page] = name
+    return out
+
+
+def _read_page(pdf, index: int, section: str | None = None) -> PdfPage:
     import pypdfium2.raw as raw
 
     page = pdf[index]
@@ -107,7 +133,7 @@ def _read_page(pdf, index: int) -> PdfPage:
     finally:
         page.close()
     array = np.array(boxes, dtype=np.float32).reshape(len(text), 4)
-    return PdfPage(index + 1, text, array, (float(width), float(height)), rotation)
+    return PdfPage(index + 1, text, array, (float(width), float(height)), rotation, section)
 
 
 def _characters(raw, textpage) -> tuple[str, list[tuple[float, float, float, float]]]:

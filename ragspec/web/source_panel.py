@@ -98,10 +98,13 @@ def _show_pdf(store, source, chat_id, message, passage, passages, spans, page) -
     if page < rendered.pages:
         links.append(f'<a href="{href(chat_id, message, passage, page + 1)}" target="_self">'
                      f'next page &#8594;</a>')
-    st.markdown(f'<div class="rs-source-head"><b>{rd.escape_text(source.name)}</b> · page '
-                f'{page} of {rendered.pages} &nbsp; {" · ".join(links)}</div>',
-                unsafe_allow_html=True)
     citer = Citer(store)
+    layout = citer.layout(source.doc_id)
+    section = layout.page(page).section if layout and layout.page(page) else None
+    named = f" · {rd.escape_text(section)}" if section else ""
+    st.markdown(f'<div class="rs-source-head"><b>{rd.escape_text(source.name)}</b> · page '
+                f'{page} of {rendered.pages}{named} &nbsp; {" · ".join(links)}</div>',
+                unsafe_allow_html=True)
     copied, shaded, unknown = [], [], False
     for i, ranges in copied_ranges(spans).items():
         p = passages[i] if 0 <= i < len(passages) else None
