@@ -13,6 +13,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -340,3 +341,34 @@ def test_the_bench_times_a_server_answer_to_its_end_not_to_the_end_of_the_stream
     assert run.token_ids == [5, 6, 2]
     assert run.seconds < run.anchor["stream_seconds"] - 0.02  # 37 more tokens were written after
     assert run.anchor["written_tokens"] == 40
+
+
+def test_a_probe_that_logs_more_than_a_pipe_holds_still_answers(tmp_path):
+    """llama.cpp logs hundreds of kB while loading; the probe must not stall on its own log."""
+    from ragspec.bench.native_anchors import Probe
+
+    fake = tmp_path / "anchor-probe"
+    fake.write_text(
+        "#!/usr/bin/env python3\n"
+        "import sys\n"
+        "sys.stderr.write('load log line\\n' * 40000)\n"  # ~560 kB, far over a pipe's 64 kB
+        "sys.stderr.flush()\n"
+        "print('ready 0.5 12.0', flush=True)\n"
+        "for line in sys.stdin:\n"
+        "    if line.strip() == 'quit':\n"
+        "        break\n"
+        "    print('0.25', flush=True)\n")
+    fake.chmod(0o755)
+    result: dict = {}
+
+    def run() -> None:
+        probe = Probe(fake, tmp_path / "model.gguf", 2, 800, 8, repack=False)
+        result["load"] = probe.load_s
+        result["step"] = probe.seconds("step 1")
+        probe.close()
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the probe stalled writing its log"
+    assert result == {"load": 0.5, "step": 0.25}

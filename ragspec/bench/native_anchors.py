@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 
 from ragspec.bench import anchor_build
@@ -45,10 +46,13 @@ class Probe:
 
     def __init__(self, binary: Path, gguf: Path, threads: int, context: int, max_tokens: int,
                  repack: bool):
+        # The engine logs hundreds of kB while loading: into a file, since a pipe nobody reads
+        # fills up and stops the probe before it says "ready".
+        self._log = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
             [str(binary), str(gguf), str(threads), str(context), str(max_tokens),
              "1" if repack else "0"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
             bufsize=1)
         ready = self._line().split()
         if len(ready) != 3 or ready[0] != "ready":
@@ -60,7 +64,9 @@ class Probe:
 
     def _why(self) -> str:
         self._proc.kill()
-        err = self._proc.stderr.read().strip().splitlines()
+        self._proc.wait()
+        self._log.seek(0)
+        err = self._log.read().strip().splitlines()
         return (err or [f"exit status {self._proc.wait()}"])[-1][:300]
 
     def ask(self, command: str) -> str:
@@ -85,6 +91,7 @@ class Probe:
                 self._proc.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 self._proc.kill()
+        self._log.close()
 
 
 def measure(engine: str, gguf: Path, context: int, max_tokens: int, rounds: int,
