@@ -11,7 +11,7 @@ export RAGSPEC_HOME ?= $(CURDIR)/.ragspec-home
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install test test-fast demo lint bench bench-anchors clean chromium ocr screenshot
+.PHONY: install test test-fast demo lint bench bench-anchors clean chromium ocr testdocs screenshot
 
 install: $(STAMP)
 
@@ -25,7 +25,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 
 # Idle OpenMP threads sleep instead of spinning: on a 2-core machine running tests, servers and
 # subprocesses at once, spinning threads starve each other (one GPU-check test took 4x longer).
-test: $(STAMP) chromium ocr
+test: $(STAMP) chromium ocr testdocs
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q --timeout=900
 
 # The browser test needs a real Chromium; Debian's package, installed when we may (root).
@@ -33,6 +33,16 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium not installed: the browser test will be skipped"
+
+# Real PDFs nobody here wrote, for the PDF text and source view tests (character boxes,
+# ligatures, rotated pages, bookmarks): Debian's manuals; installed when we may (root).
+TEST_DOCS = /usr/share/doc/zlib1g-dev/crc-doc.1.0.pdf.gz /usr/share/doc/bzip2/manual.pdf.gz \
+  /usr/share/doc/libtasn1-doc/libtasn1.pdf /usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf
+testdocs:
+	@ls $(TEST_DOCS) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zlib1g-dev bzip2-doc \
+	   libtasn1-doc shared-mime-info >/dev/null) ; } || \
+	  echo "Debian's PDF manuals not installed: the tests on real PDFs will be skipped"
 
 # OCR of scans and pictures (ragspec/retrieval/ocr.py) runs Debian's Tesseract with its English
 # data; installed when we may (root). Another language: apt-get install tesseract-ocr-LANG.
