@@ -9,7 +9,8 @@ long prefill, a batched ragged forward, a call with embeddings, a mask other tha
 positions other than the rows' own, a cache of other layers — runs the model's own forward as before.
 transformers' `generate` (an all-ones mask, its own DynamicCache) takes the native step too,
 so greedy `generate` and ragspec's engine compute the same steps on the same model object.
-`stats(model)` gives the native step's time counters.
+`stats(model)` gives the native step's time counters. The product installs it only when
+RAGSPEC_NATIVE_STEP=1 (`chosen`), since batched serving forwards keep the module path.
 
 What stays as it was:
   * the cache: the new keys and values go into the same GrowingLayer buffers
@@ -45,6 +46,16 @@ from ragspec.decoding.cache import GrowingLayer
 from ragspec.decoding.packed import PackedLinear, _is_step
 
 ENV = "RAGSPEC_NATIVE_STEP"
+
+
+def chosen() -> str | None:
+    """None when the product should install the native step on the packed models it loads,
+    else why not. It is off unless RAGSPEC_NATIVE_STEP=1: the server's batched (ragged)
+    forwards run the module path, which rounds norms, rotary and SiLU differently, so at a
+    near-tie a request served beside others could pick another greedy token than alone."""
+    if os.environ.get(ENV, "").strip() == "1":
+        return None
+    return f"the native step is opt-in ({ENV}=1)"
 _ROPE_TYPES = ("default", "linear", "llama3")
 _LAYERS = (GrowingLayer, DynamicLayer)  # cache layers whose buffers the native step writes
 
