@@ -217,3 +217,26 @@ def test_every_span_copied_from_a_pdf_passage_carries_its_page_and_boxes(indexed
     fresh = PassageStore.open(store.index_dir, HashEmbedder())
     again = Citer(fresh).span_dicts([copied], [passage])[0]
     assert again["page"] == 5 and again["boxes"] is None
+
+
+def test_a_milvus_index_keeps_layouts_beside_its_file_and_its_spans_get_boxes(tmp_path):
+    pytest.importorskip("pymilvus")
+    from ragspec.citations import Citer
+    from ragspec.retrieval import backends
+    from ragspec.retrieval.layouts import layout_dir
+
+    pdf = tmp_path / "bzip2 manual.pdf"
+    pdf.write_bytes(manual_bytes())
+    store = backends.open_index(f"milvus:{tmp_path}/m.db", HashEmbedder())
+    try:
+        assert ingest_paths([pdf], store).ok
+        folder = layout_dir(store)
+        assert folder == tmp_path / ".m.db.ragspec.layouts"
+        assert len(list(folder.glob("*.npz"))) == 1  # written by the ingest, by content
+        passage = next(p for p in store.passages() if p.page == 3)
+        boxes = Citer(store).locate(passage, 0, 40).boxes
+        assert boxes
+        layer = _PdfiumLayer(pdfium.PdfDocument(pdf.read_bytes())[2].get_textpage())
+        assert _letters(layer.under(boxes)) == _letters(passage.text[:40])
+    finally:
+        store.close()

@@ -14,8 +14,11 @@ Contract:
     box never covers other words; characters without a glyph (spaces, line ends) have none, nor
     do the letters of a ligature glyph the range cuts in two, nor a glyph whose box holds the
     centre of another glyph outside the range (glyphs drawn over each other).
-  * `layout_dir(store)`: the folder of a store's layouts (`<index>/layouts`), or None where the
-    index is not a folder (Milvus).
+  * `layout_dir(store)`: the folder of a store's layouts: `<index>/layouts` for a FAISS
+    folder; for Milvus, beside the keyword files this machine keeps for the index
+    (milvus_location.keywords_folder: `.<file>.<collection>.layouts` next to a Milvus Lite file,
+    `<data dir>/milvus-keywords/<server-collection>.layouts` for a server); None for a store
+    with neither.
 An index ingested before layouts existed keeps working without boxes; running `ragspec ingest` on
 the same files again writes the missing layouts (it re-reads the PDFs, embeds nothing).
 """
@@ -41,9 +44,13 @@ _LINE_OVERLAP = 0.5
 
 def layout_dir(store) -> Path | None:
     index_dir = getattr(store, "index_dir", None)
-    if not isinstance(index_dir, Path):
+    if isinstance(index_dir, Path):
+        return index_dir / LAYOUT_DIR
+    keywords = getattr(getattr(store, "location", None), "keywords_folder", None)
+    if keywords is None:
         return None
-    return index_dir / LAYOUT_DIR
+    folder = keywords()
+    return folder.with_name(f"{folder.name.removesuffix('.keywords')}.{LAYOUT_DIR}")
 
 
 def layout_path(directory: Path, sha256: str) -> Path:
