@@ -87,9 +87,11 @@ bench-anchors: $(STAMP)
 	$(ANCHOR_BUILD) llama.cpp $(ANCHOR_FLAGS)
 	$(ANCHOR_BUILD) ik_llama.cpp $(ANCHOR_FLAGS)
 
-# Refresh the README's picture of the chat (the browser test, writing into docs/).
+# Refresh the README's pictures of the chat and of its source view (the browser tests, writing
+# docs/screenshot.png, docs/screenshot-source.png and docs/screenshot-columns.png).
 screenshot: $(STAMP) chromium
-	RAGSPEC_SCREENSHOT=$(CURDIR)/docs/screenshot.png $(PY) -m pytest -q tests/test_ui_browser.py
+	RAGSPEC_SCREENSHOT=$(CURDIR)/docs/screenshot.png $(PY) -m pytest -q tests/test_ui_browser.py \
+	  tests/test_ui_browser_source.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser"

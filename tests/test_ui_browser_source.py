@@ -89,14 +89,20 @@ def documents(folder: Path) -> dict[str, Path]:
 
 
 def save_screenshot(page, name: str, fallback: Path) -> None:
-    """The page's view, as a small palette PNG when it is for the README."""
+    """The answer and its source view (the page without the sidebar), as a small palette PNG
+    beside RAGSPEC_SCREENSHOT when that is set (for the README), else at `fallback`."""
+    side = page.locator(SIDEBAR).bounding_box()
+    shown = page.locator("div.rs-page").bounding_box()
+    left = side["x"] + side["width"]
+    clip = {"x": left, "y": 0, "width": page.viewport_size["width"] - left,
+            "height": shown["y"] + shown["height"] + 70}
     target = os.environ.get(SCREENSHOT_ENV)
     if not target:
-        page.screenshot(path=str(fallback))
+        page.screenshot(path=str(fallback), clip=clip)
         return
     from PIL import Image
 
-    image = Image.open(io.BytesIO(page.screenshot()))
+    image = Image.open(io.BytesIO(page.screenshot(clip=clip)))
     path = Path(target).with_name(f"{Path(target).stem}-{name}.png")
     image.convert("RGB").quantize(colors=64).save(path, optimize=True)
 
@@ -108,6 +114,16 @@ def answer(page, model: str, question: str) -> None:
     page.locator(SIDEBAR).locator('[data-testid="stSelectbox"]').filter(has_text="Model").click()
     page.get_by_role("option", name=model, exact=True).click()
     page.wait_for_timeout(1000)
+    # Draft whatever the match offers: the adaptive policy weighs drafts against this machine's
+    # forward costs, and on a loaded machine it may rightly decline to draft at all.
+    adaptive = page.get_by_label("Adaptive drafting", exact=True)
+    if not adaptive.is_visible():
+        page.locator(SIDEBAR).get_by_text("Advanced", exact=True).click()
+        adaptive.wait_for(state="attached")
+    if adaptive.is_checked():
+        page.locator(SIDEBAR).get_by_text("Adaptive drafting").click()
+        page.wait_for_timeout(1000)
+    assert not adaptive.is_checked()
     ask(page, question)
     try:
         page.get_by_text("Passages used").first.wait_for(timeout=600_000)
