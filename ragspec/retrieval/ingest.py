@@ -249,12 +249,26 @@ def _passages(data: bytes, path: Path, embedder: PassageEmbedder, limits: Ingest
 
 def _embed(embedder: PassageEmbedder, drafts: list[PassageDraft],
            on_passages: Callable[[int, int], None]) -> np.ndarray:
-    vectors = []
-    for first in range(0, len(drafts), EMBED_CHUNK):
-        batch = drafts[first : first + EMBED_CHUNK]
-        vectors.append(embedder.embed_array([d.text for d in batch]))
-        on_passages(first + len(batch), len(drafts))
-    return np.concatenate(vectors)
+    return embed_in_order(embedder, [d.text for d in drafts], on_passages)
+
+
+def embed_in_order(embedder: PassageEmbedder, texts: list[str],
+                   on_passages: Callable[[int, int], None]) -> np.ndarray:
+    """The vectors of `texts`, row i for texts[i], embedded in calls of EMBED_CHUNK texts taken
+    in order of length: a batch of texts of about one length pads little, and the model's time
+    grows with the padded length. A text's vector does not depend on its batch (padding is
+    masked) beyond float rounding."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    vectors: np.ndarray | None = None
+    for first in range(0, len(order), EMBED_CHUNK):
+        rows = order[first : first + EMBED_CHUNK]
+        batch = embedder.embed_array([texts[i] for i in rows])
+        if vectors is None:
+            vectors = np.empty((len(texts), batch.shape[1]), dtype=np.float32)
+        vectors[rows] = batch
+        on_passages(first + len(rows), len(texts))
+    assert vectors is not None, "a file's passages are never empty here"
+    return vectors
 
 
 class _Batch:
