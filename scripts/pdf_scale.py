@@ -1,7 +1,7 @@
 """Where the time of ingesting a large PDF goes: text extraction, cutting passages, embedding.
 
 Builds a PDF of --pages pages by concatenating real PDFs (pypdf; e.g. Debian's under
-/usr/share/doc) until the count is reached, then times, on it: `load_bytes` (pypdf extraction,
+/usr/share/doc) until the count is reached, then times, on it: `load_bytes` (PDFium extraction,
 page by page, as ingest runs it), `split_documents` (the bundled embedder's tokenizer), and the
 bundled embedder on the first --embed passages (extrapolated to all, as embedding is linear in
 passages). Peak memory: resident set size of this process after each stage (ru_maxrss).

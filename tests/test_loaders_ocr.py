@@ -147,3 +147,74 @@ def test_ingest_no_ocr_turns_it_off_for_that_command_only(page, run, tmp_path):
     result = run("ingest", "--no-ocr", str(tmp_path / "scan.png"))
     assert result.exit_code == 1 and "OCR is turned off" in result.output, result.output
     assert ocr.OcrSettings.from_env().enabled  # the switch did not outlive the command
+
+
+def _mixed_pdf(image) -> bytes:
+    """Page 1: the corpus PDF's text page; pages 2-4: the scan, a blank page, the scan again."""
+    import pypdfium2 as pdfium
+
+    out = pdfium.PdfDocument.new()
+    out.import_pages(pdfium.PdfDocument(PDF.read_bytes()), [0])
+    out.import_pages(pdfium.PdfDocument(_as_scan_pdf([image])), [0])
+    out.new_page(612, 792)
+    out.import_pages(pdfium.PdfDocument(_as_scan_pdf([image])), [0])
+    buffer = io.BytesIO()
+    out.save(buffer)
+    return buffer.getvalue()
+
+
+def test_pictured_pages_are_found_among_pdfiums_page_objects(page):
+    from ragspec.retrieval.limits import IngestLimits
+    from ragspec.retrieval.pdf_text import read_pdf
+
+    heard = []
+    pages = read_pdf(_mixed_pdf(page[0]), IngestLimits(),
+                     lambda document, numbers: heard.append((len(document), numbers)))
+    assert [p.pictured for p in pages] == [False, True, False, True]  # the blank page is not
+    assert heard == [(4, [2, 4])]  # called once, with the document still open
+
+
+@needs_tesseract
+def test_a_pdf_with_scanned_pages_is_parsed_once(page, monkeypatch):
+    import pypdf
+    import pypdfium2 as pdfium
+
+    data = _mixed_pdf(page[0])
+    opened = []
+    real = pdfium.PdfDocument
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            opened.append(args[0] if args else None)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(pdfium, "PdfDocument", Counting)
+    monkeypatch.setattr(pypdf, "PdfReader", lambda *a, **k: pytest.fail("parsed by pypdf"))
+    docs = load_bytes(data, "mixed.pdf")
+    assert len(opened) == 1
+    assert [(d.metadata["page"], bool(d.metadata.get("ocr"))) for d in docs] == \
+        [(1, False), (2, True), (4, True)]
+    assert "larkspur" in _words(docs[1].page_content)
+
+
+@needs_tesseract
+def test_the_ingest_report_names_the_pages_read_by_ocr(page, run, tmp_path):
+    import json
+
+    (tmp_path / "mixed.pdf").write_bytes(_mixed_pdf(page[0]))
+    result = run("ingest", str(tmp_path / "mixed.pdf"))
+    assert result.exit_code == 0, result.output
+    assert f"{tmp_path / 'mixed.pdf'}: OCR on pages 2, 4\n" in result.output, result.output
+    (tmp_path / "more.pdf").write_bytes(_as_scan_pdf([page[0]] * 3))
+    result = run("ingest", "--json", str(tmp_path / "more.pdf"))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{"):])
+    assert report["ocr_pages"] == [{"path": str(tmp_path / "more.pdf"), "pages": [1, 2, 3]}]
+
+
+def test_page_ranges_are_written_short():
+    from ragspec.retrieval.ingest import page_ranges
+
+    assert page_ranges([4]) == "page 4"
+    assert page_ranges([1, 2, 3, 7]) == "pages 1-3, 7"
+    assert page_ranges([1, 3, 4, 9, 10, 11]) == "pages 1, 3-4, 9-11"

@@ -101,3 +101,15 @@ def test_cli_end_to_end_with_the_bundled_model(tmp_path, monkeypatch, embedder):
     result = runner.invoke(main, ["search", "how many snapshots are kept", "--json", "-k", "1"])
     [hit] = json.loads(result.stdout)
     assert hit["source"].endswith("operations-guide.pdf") and "7 most recent snapshots" in hit["text"]
+
+
+def test_passages_embedded_in_order_of_length_come_back_in_their_own_order(embedder):
+    from ragspec.retrieval.ingest import EMBED_CHUNK, embed_in_order
+
+    words = "the quick brown fox jumps over a lazy dog near the river bank".split()
+    texts = [" ".join(words[: 1 + (7 * i) % len(words)]) + f" {i}" for i in range(EMBED_CHUNK + 40)]
+    heard = []
+    got = embed_in_order(embedder, texts, lambda done, total: heard.append((done, total)))
+    alone = np.stack([embedder.embed_array([text])[0] for text in texts[:: 9]])
+    assert np.abs(got[:: 9] - alone).max() < 1e-5  # row i is texts[i], whatever its batch
+    assert heard == [(EMBED_CHUNK, len(texts)), (len(texts), len(texts))]

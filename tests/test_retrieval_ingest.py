@@ -163,7 +163,7 @@ def test_json_report_has_exactly_the_documented_keys(store, tmp_path):
     assert report.to_json() == {
         "added": [], "updated": [], "unchanged": [],
         "failed": [{"path": str(tmp_path / "nope.txt"), "error": "no such file or directory"}],
-        "links_not_followed": [], "encodings": [],
+        "links_not_followed": [], "encodings": [], "ocr_pages": [],
     }
 
 

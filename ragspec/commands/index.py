@@ -139,7 +139,7 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_s
 
 
 def _print_report(report, store) -> None:
-    from ragspec.retrieval.ingest import SUPPORTED_SUFFIXES
+    from ragspec.retrieval.ingest import SUPPORTED_SUFFIXES, page_ranges
 
     rows = ([("added", p, _read_as(report, p)) for p in report.added]
             + [("updated", p, _read_as(report, p)) for p in report.updated]
@@ -148,6 +148,8 @@ def _print_report(report, store) -> None:
             + [("skipped", p, f": {printable(why)}") for p, why in report.links])
     for label, path, note in rows:
         click.echo(f"{label:<10} {printable(path)}{note}")
+    for path, pages in report.ocr_pages.items():
+        click.echo(f"{printable(path)}: OCR on {page_ranges(pages)}")
     click.echo(
         f"{len(report.added)} added, {len(report.updated)} updated, "
         f"{len(report.unchanged)} unchanged, {len(report.failed)} failed; "

@@ -3,8 +3,9 @@ that have no text layer, recognised page by page (ocr.py).
 
 Contract: `image_pages(data, settings)` returns `(page, text, metadata)` for every frame of an
 image file (a TIFF may hold many; page is the 1-based frame number), and
-`pdf_scanned_pages(data, numbers, settings)` the same for the given 1-based pages of a PDF,
-rendered at `settings.dpi`. `metadata` is {"ocr": True, "ocr_words": [(word, x0, y0, x1, y1),
+`pdf_scanned_pages(document, numbers, settings)` the same for the given 1-based pages of an
+open pypdfium2 document (the one pdf_text.read_pdf read the text layer from: a PDF is parsed
+once), rendered at `settings.dpi`. `metadata` is {"ocr": True, "ocr_words": [(word, x0, y0, x1, y1),
 ...]}: boxes in the page's own coordinates, origin top left (pixels for image files, PDF points
 for PDF pages), the page's words in reading order.
 
@@ -67,47 +68,23 @@ def _check_size(width: int, height: int, what: str) -> None:
             "million); scale it down first")
 
 
-def pdf_scanned_pages(data: bytes, numbers: list[int],
+def pdf_scanned_pages(document, numbers: list[int],
                       settings: ocr.OcrSettings) -> list[tuple[int, str, dict]]:
-    import pypdfium2 as pdfium
-
     ocr.check_budget(len(numbers), settings, "the PDF")
     tick = ocr.timed_pages(len(numbers))
     pages = []
-    try:
-        document = pdfium.PdfDocument(data)
-    except pdfium.PdfiumError as exc:
-        raise LoadError(f"the PDF's pages cannot be rendered for OCR: {exc}") from exc
-    try:
-        for number in numbers:
-            started = time.perf_counter()
-            page = document[number - 1]
+    for number in numbers:
+        started = time.perf_counter()
+        page = document[number - 1]
+        try:
             width, height = page.get_size()  # points
             scale = settings.dpi / 72
             if width * height * scale * scale > ocr.MAX_PIXELS:
                 scale = (ocr.MAX_PIXELS / (width * height)) ** 0.5
             image = page.render(scale=scale, grayscale=True).to_pil()
+        finally:
             page.close()
-            text, words = ocr.recognise(image, settings, scale=1 / scale)
-            pages.append((number, text, {"ocr": True, "ocr_words": words}))
-            tick(started)
-    finally:
-        document.close()
+        text, words = ocr.recognise(image, settings, scale=1 / scale)
+        pages.append((number, text, {"ocr": True, "ocr_words": words}))
+        tick(started)
     return pages
-
-
-def scanned(reader, pages: list[tuple[int, str]]) -> list[int]:
-    """The 1-based numbers of the pages of a pypdf `reader` that have no text but draw a picture
-    (an image or a form that may hold one): those OCR can read. A blank page is not sent."""
-    out = []
-    for (number, text), page in zip(pages, reader.pages, strict=True):
-        if text.strip():
-            continue
-        resources = page.get("/Resources")
-        xobjects = resources.get_object().get("/XObject") if resources is not None else None
-        if xobjects is None:
-            continue
-        kinds = {xobjects.get_object()[k].get_object().get("/Subtype") for k in xobjects.get_object()}
-        if kinds & {"/Image", "/Form"}:
-            out.append(number)
-    return out

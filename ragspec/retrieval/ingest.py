@@ -9,7 +9,9 @@ Contract of `ingest_paths(paths, store, ...)`:
     passages replaced), unchanged (same sha256 as stored: nothing parsed), or failed with a reason
     a user can act on. A file's bytes are read once; those bytes are hashed and parsed. An added
     or updated text file that was not UTF-8 is also in `encodings`, with the encoding it was
-    read in (see encoding.py).
+    read in (see encoding.py). An added or updated file with pages read by OCR (a scan, a
+    PDF's pages without a text layer, a picture) is also in `ocr_pages`, with those page
+    numbers in ascending order.
   * Anything that goes wrong while loading or splitting one file, whatever its type, is that
     file's failure (an unexpected exception is reported with its type), never the run's; the
     limits of `IngestLimits` bound what one file may cost (size, pages, characters, inflation).
@@ -44,7 +46,7 @@ from ragspec.retrieval.passages import PassageDraft, SplitConfig, split_document
 from ragspec.retrieval.sources import collect, read_once
 from ragspec.retrieval.store import PassageEmbedder, PassageStore
 
-__all__ = ["SUPPORTED_SUFFIXES", "IngestEvent", "IngestReport", "ingest_paths",
+__all__ = ["SUPPORTED_SUFFIXES", "IngestEvent", "IngestReport", "ingest_paths", "page_ranges",
            "default_max_file_bytes", "DEFAULT_COMMIT_FILES", "DEFAULT_COMMIT_SECONDS"]
 
 MAX_FILE_ENV = ENV_FOR["max_file_bytes"]
@@ -73,6 +75,8 @@ class IngestReport:
     commits: int = 0
     # added or updated files read in another encoding than UTF-8: path -> the encoding's name
     encodings: dict[str, str] = field(default_factory=dict)
+    # added or updated files with pages recognised by OCR: path -> the pages, ascending
+    ocr_pages: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -88,7 +92,21 @@ class IngestReport:
             "links_not_followed": [{"path": path, "reason": why} for path, why in self.links],
             "encodings": [{"path": path, "encoding": name}
                           for path, name in self.encodings.items()],
+            "ocr_pages": [{"path": path, "pages": pages}
+                          for path, pages in self.ocr_pages.items()],
         }
+
+
+def page_ranges(pages: list[int]) -> str:
+    """Ascending page numbers as a short list: [1, 2, 3, 7] -> "pages 1-3, 7"; [4] -> "page 4"."""
+    runs: list[list[int]] = []
+    for page in pages:
+        if runs and page == runs[-1][1] + 1:
+            runs[-1][1] = page
+        else:
+            runs.append([page, page])
+    words = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return ("page " if len(pages) == 1 else "pages ") + ", ".join(words)
 
 
 @dataclass(frozen=True)
@@ -167,6 +185,7 @@ class _Prepared:
     vectors: np.ndarray
     outcome: Literal["added", "updated"]
     encoding: str | None = None  # None: UTF-8 (or not a plain-text file)
+    ocr_pages: tuple[int, ...] = ()  # the pages read by OCR
 
 
 def _ingest_one(shown: str, path: Path, store: PassageStore, limits: IngestLimits,
@@ -204,8 +223,9 @@ def _prepare(shown: str, path: Path, store: PassageStore, limits: IngestLimits,
     docs, drafts, encoding = _passages(data, path, store.embedder, limits, split)
     save_layouts(layout_dir(store), sha256, docs)  # PDF character boxes, for the source view
     vectors = _embed(store.embedder, drafts, on_passages)
+    ocr_pages = tuple(sorted({d.metadata["page"] for d in docs if d.metadata.get("ocr")}))
     return _Prepared(shown, source, sha256, len(data), drafts, vectors,
-                     "updated" if existing is not None else "added", encoding)
+                     "updated" if existing is not None else "added", encoding, ocr_pages)
 
 
 def _passages(data: bytes, path: Path, embedder: PassageEmbedder, limits: IngestLimits,
@@ -229,12 +249,26 @@ def _passages(data: bytes, path: Path, embedder: PassageEmbedder, limits: Ingest
 
 def _embed(embedder: PassageEmbedder, drafts: list[PassageDraft],
            on_passages: Callable[[int, int], None]) -> np.ndarray:
-    vectors = []
-    for first in range(0, len(drafts), EMBED_CHUNK):
-        batch = drafts[first : first + EMBED_CHUNK]
-        vectors.append(embedder.embed_array([d.text for d in batch]))
-        on_passages(first + len(batch), len(drafts))
-    return np.concatenate(vectors)
+    return embed_in_order(embedder, [d.text for d in drafts], on_passages)
+
+
+def embed_in_order(embedder: PassageEmbedder, texts: list[str],
+                   on_passages: Callable[[int, int], None]) -> np.ndarray:
+    """The vectors of `texts`, row i for texts[i], embedded in calls of EMBED_CHUNK texts taken
+    in order of length: a batch of texts of about one length pads little, and the model's time
+    grows with the padded length. A text's vector does not depend on its batch (padding is
+    masked) beyond float rounding."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    vectors: np.ndarray | None = None
+    for first in range(0, len(order), EMBED_CHUNK):
+        rows = order[first : first + EMBED_CHUNK]
+        batch = embedder.embed_array([texts[i] for i in rows])
+        if vectors is None:
+            vectors = np.empty((len(texts), batch.shape[1]), dtype=np.float32)
+        vectors[rows] = batch
+        on_passages(first + len(rows), len(texts))
+    assert vectors is not None, "a file's passages are never empty here"
+    return vectors
 
 
 class _Batch:
@@ -275,6 +309,8 @@ class _Batch:
             self.report.passages_added += len(p.drafts)
             if p.encoding is not None:
                 self.report.encodings[p.shown] = p.encoding
+            if p.ocr_pages:
+                self.report.ocr_pages[p.shown] = list(p.ocr_pages)
         self.committed += len(self.pending)
         self.report.commits += 1
         self.pending.clear()

@@ -32,11 +32,7 @@ Per type:
 
 from __future__ import annotations
 
-import io
-import logging
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from langchain_core.documents import Document
@@ -46,7 +42,7 @@ from ragspec.retrieval.ebooks import epub_pages
 from ragspec.retrieval.encoding import decode_text
 from ragspec.retrieval.errors import LoadError
 from ragspec.retrieval.html_text import html_text
-from ragspec.retrieval.images import IMAGE_SUFFIXES, image_pages, pdf_scanned_pages, scanned
+from ragspec.retrieval.images import IMAGE_SUFFIXES, image_pages, pdf_scanned_pages
 from ragspec.retrieval.limits import IngestLimits, too_many_chars
 from ragspec.retrieval.ocr import OcrSettings, missing
 from ragspec.retrieval.opendoc import odf_pages
@@ -147,15 +143,23 @@ def _checked_text(text: str) -> str:
 
 
 def _load_pdf(data: bytes, limits: IngestLimits) -> tuple[list, dict[int, PdfPage]]:
-    """(pages as (number, text[, metadata]), the text layer's PdfPage of each page that has text)."""
-    layers = read_pdf(data, limits)
-    pages: list = [(page.number, page.text) for page in layers]
+    """(pages as (number, text[, metadata]), the text layer's PdfPage of each page that has text).
+
+    One parse: the pictured pages are rendered for OCR from the document PDFium opened to read
+    the text layer."""
+    settings = OcrSettings.from_env()
+    recognised: dict[int, tuple] = {}
+
+    def ocr_pages(document, numbers: list[int]) -> None:
+        if settings.enabled and not missing(settings):
+            recognised.update((page[0], page)
+                              for page in pdf_scanned_pages(document, numbers, settings))
+
+    layers = read_pdf(data, limits, ocr_pages)
     layouts = {page.number: page for page in layers if page.text.strip()}
-    pictured = _pictured(data, pages) if len(layouts) < len(layers) else []
-    pages = _ocr_pdf(data, pages, pictured)
+    pages = [recognised.get(page.number, (page.number, page.text)) for page in layers]
     if not any(text.strip() for _, text, *_ in pages):
-        settings = OcrSettings.from_env()
-        if not pictured:
+        if not any(page.pictured for page in layers):
             why = "its pages draw no pictures either (blank pages?)"
         elif not settings.enabled:
             why = "OCR is turned off (RAGSPEC_OCR=0 or --no-ocr)"
@@ -165,37 +169,3 @@ def _load_pdf(data: bytes, limits: IngestLimits) -> tuple[list, dict[int, PdfPag
                         f"layer (scanned images?); {why}")
     return pages, layouts
 
-
-def _pictured(data: bytes, pages: list[tuple[int, str]]) -> list[int]:
-    """The pages without text that draw a picture (OCR can read them); none if pypdf cannot tell."""
-    from pypdf import PdfReader
-
-    try:
-        with _quiet("pypdf"):
-            return scanned(PdfReader(io.BytesIO(data)), pages)
-    except Exception:  # noqa: BLE001 - pypdf raises many types on files PDFium reads; no OCR then
-        return []
-    return pages
-
-
-def _ocr_pdf(data: bytes, pages: list, pictured: list[int]) -> list:
-    """`pages` with the text OCR reads on the `pictured` ones, when OCR is on and can run."""
-    settings = OcrSettings.from_env()
-    if not pictured or not settings.enabled or missing(settings):
-        return pages
-    recognised = {number: (number, text, meta)
-                  for number, text, meta in pdf_scanned_pages(data, pictured, settings)}
-    return [recognised.get(page[0], page) for page in pages]
-
-
-@contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
-    """Silence a library's warnings ("EOF marker not found", ...) while it parses one file:
-    we report a failure ourselves, in one sentence, and they would clutter `ragspec ingest`."""
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

@@ -1,7 +1,7 @@
 """PDF text with the box of every character, from PDFium's own text layer (pypdfium2).
 
-Contract: `read_pdf(data, limits)` returns one `PdfPage` per page (numbers from 1), such that for
-every page `p`:
+Contract: `read_pdf(data, limits, pictured=None)` returns one `PdfPage` per page (numbers from
+1), such that for every page `p`:
   * `p.text` is the page's text as PDFium reads it, with line ends as "\\n" (PDFium's "\\r\\n"),
     PDFium's end-of-line hyphen marker as "-", ligature glyphs (U+FB00..U+FB06: "ﬁ", "ﬂ", ...)
     spelled out in their letters, and NULs and other control characters PDFium emits for
@@ -15,7 +15,14 @@ every page `p`:
   * `p.size` is the page's (width, height) in points, unrotated, and `p.rotation` its /Rotate
     (0, 90, 180, 270);
   * `p.section` is the PDF's outline (bookmarks) at that page, "Chapter › Section", as of the
-    last bookmark that points at or before the page; None without an outline.
+    last bookmark that points at or before the page; None without an outline;
+  * `p.pictured` is True when the page has no text but draws a picture (an image or a form
+    object, which may hold one, among PDFium's page objects): a page OCR can read. A blank
+    page is not pictured.
+When `pictured` is given and some pages are pictured, it is called once, after every page was
+read and while the document is still open, as `pictured(document, numbers)`: the open
+pypdfium2 document and the 1-based numbers of the pictured pages, so they can be rendered
+without parsing the file again. What it returns is the caller's; what it raises propagates.
 The page count is checked against `limits.max_pdf_pages` before any page is read, and the text
 against `limits.max_chars` as it grows. An encrypted PDF (a password is needed to open it) and
 a damaged one raise LoadError with a sentence a user can act on; a PDF whose pages hold no text
@@ -27,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import math
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +57,7 @@ class PdfPage:
     size: tuple[float, float]
     rotation: int = 0
     section: str | None = None
+    pictured: bool = False
 
     def __post_init__(self) -> None:
         if self.number < 1:
@@ -60,7 +69,8 @@ class PdfPage:
             raise ValueError(f"page {self.number}: rotation {self.rotation} is not a quarter turn")
 
 
-def read_pdf(data: bytes, limits: IngestLimits) -> list[PdfPage]:
+def read_pdf(data: bytes, limits: IngestLimits,
+             pictured: Callable[[object, list[int]], object] | None = None) -> list[PdfPage]:
     """Every page's text and boxes (see the module docstring); raises LoadError."""
     import pypdfium2 as pdfium
 
@@ -87,6 +97,9 @@ def read_pdf(data: bytes, limits: IngestLimits) -> list[PdfPage]:
             page = _read_page(pdf, index, sections[index])
             buffer.add(page.text)  # counts the characters; the pages themselves are kept
             pages.append(page)
+        numbers = [page.number for page in pages if page.pictured]
+        if pictured is not None and numbers:
+            pictured(pdf, numbers)
         return pages
     except pdfium.PdfiumError as exc:
         raise LoadError(f"not a readable PDF (damaged?): {exc}") from exc
@@ -130,10 +143,19 @@ def _read_page(pdf, index: int, section: str | None = None) -> PdfPage:
             text, boxes = _characters(raw, textpage.raw)
         finally:
             textpage.close()
+        pictured = not text.strip() and _draws_picture(raw, page.raw)
     finally:
         page.close()
     array = np.array(boxes, dtype=np.float32).reshape(len(text), 4)
-    return PdfPage(index + 1, text, array, (float(width), float(height)), rotation, section)
+    return PdfPage(index + 1, text, array, (float(width), float(height)), rotation, section,
+                   pictured)
+
+
+def _draws_picture(raw, page) -> bool:
+    """Whether a page's top-level objects include an image or a form (which may hold one)."""
+    kinds = (raw.FPDF_PAGEOBJ_IMAGE, raw.FPDF_PAGEOBJ_FORM)
+    return any(raw.FPDFPageObj_GetType(raw.FPDFPage_GetObject(page, i)) in kinds
+               for i in range(raw.FPDFPage_CountObjects(page)))
 
 
 def _characters(raw, textpage) -> tuple[str, list[tuple[float, float, float, float]]]:
