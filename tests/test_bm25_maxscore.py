@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragspec.retrieval import bm25, bm25_maxscore
+from ragspec.retrieval import bm25, bm25_blockmax, bm25_maxscore
 from ragspec.retrieval.bm25 import BM25Index
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +36,8 @@ def _queries(rng: random.Random, passages, count: int) -> list[str]:
 def _assert_same(index: BM25Index, queries, ks=(1, 4, 5, 50, 10_000)) -> None:
     for query in queries:
         for k in ks:
-            assert index.top(query, k) == index.top_exhaustive(query, k), (query, k)
+            assert index.top(query, k) == index.top_exhaustive(query, k) == \
+                index.top_maxscore(query, k), (query, k)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -118,11 +119,51 @@ def test_a_common_words_postings_are_probed_not_read(monkeypatch):
     real = bm25_maxscore.contribution
     monkeypatch.setattr(bm25_maxscore, "contribution",
                         lambda idf, tfs, norms: scored.append(len(tfs)) or real(idf, tfs, norms))
-    assert index.top("rare common", 1) == index.top_exhaustive("rare common", 1)
-    assert index.top("rare common", 1)[0][0] == "p00017"
+    assert index.top_maxscore("rare common", 1) == index.top_exhaustive("rare common", 1)
+    assert index.top_maxscore("rare common", 1)[0][0] == "p00017"
     assert sum(scored) < 100  # against 20,001 postings for an exhaustive pass
 
 
 def test_query_terms_reject_a_negative_bound():
     with pytest.raises(ValueError, match="bound"):
         bm25_maxscore.QueryTerm(idf=1.0, bound=-1.0, lists=[(np.zeros(0), np.zeros(0))])
+
+
+@pytest.mark.parametrize("shift", [0, 3, 6])
+def test_block_max_top_k_equals_the_exhaustive_one_with_small_blocks(monkeypatch, shift):
+    """Many blocks on a small corpus (2**shift rows each), segments, removals and re-adds:
+    the block-max answer is the exhaustive one and the MaxScore one, to the last bit."""
+    monkeypatch.setattr(bm25, "_SHIFT", shift)
+    monkeypatch.setattr(bm25, "_SEAL_POSTINGS", 500)
+    rng = random.Random(11 + shift)
+    passages = _zipf_corpus(rng, 1200, rng.choice([50, 800]))
+    index = BM25Index.build(passages[:700])
+    queries = _queries(rng, passages, 60)
+    _assert_same(index, queries, ks=(1, 5, 50))  # block bounds stored at this average length
+    for pid, text in passages[700:]:
+        index.add(pid, text)
+    for pid, _ in rng.sample(passages, 300):
+        index.remove(pid)
+    for query in queries:
+        for k in (1, 5, 50, 5000):
+            assert index.top(query, k) == index.top_exhaustive(query, k) == \
+                index.top_maxscore(query, k), (query, k)
+
+
+def test_block_max_search_reads_only_the_best_blocks(monkeypatch):
+    """A rare word held by one passage in the last block: the search scores that block and
+    stops, never reading the common word's postings in the other blocks."""
+    monkeypatch.setattr(bm25, "_SHIFT", 4)
+    passages = [(f"p{i:04d}", "disk " * (1 + i % 3) + "full") for i in range(2000)]
+    passages.append(("p9999", "quota disk"))
+    index = BM25Index.build(passages)
+    read = []
+    real = bm25_blockmax.contribution
+
+    def counting(idf, tfs, norms):
+        read.append(len(tfs))
+        return real(idf, tfs, norms)
+
+    monkeypatch.setattr(bm25_blockmax, "contribution", counting)
+    assert index.top("quota disk", 1)[0][0] == "p9999"
+    assert sum(read) < 200, sum(read)  # 2,001 "disk" postings; one block of 16 rows read

@@ -18,10 +18,11 @@ Contract:
     ids; `from_bytes` needs them in the same order and checks every array against the others.
 
 How it scales: postings live in a few sorted numpy segments (term id, row, count;
-bm25_postings.py). `top` is exact MaxScore (bm25_maxscore.py): the query's rare tokens are
-scored over their whole (short) lists, and once the k-th best score so far beats what the
-remaining tokens could add, their (long) lists are only probed for the passages already found;
-`top_exhaustive` scores every posting and is the reference `top` must equal, bit for bit. Adds
+bm25_postings.py). `top` is exact block-max search (bm25_blockmax.py): rows are cut into blocks
+of 1,024, each block bounded by the sum of the query tokens' per-block maxima, and blocks are
+scored best bound first until the next bound falls below the k-th score found;
+`top_maxscore` (bm25_maxscore.py, one bound per list) and `top_exhaustive` (every posting) give
+the same answer, bit for bit, and are the references `top` is tested against. Adds
 collect in compact pending arrays that become a segment at the next search (or when they grow
 large); a new segment is merged with the previous one while that is at most twice its size, so
 there are O(log n) segments and each posting is merged O(log n) times. Removed passages are
@@ -44,8 +45,18 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from ragspec.retrieval.bm25_blockmax import BlockTerm, TermList
+from ragspec.retrieval.bm25_blockmax import top_rows as blockmax_rows
 from ragspec.retrieval.bm25_maxscore import QueryTerm, top_rows
-from ragspec.retrieval.bm25_postings import K1, B, Column, Segment, contribution, new_pending
+from ragspec.retrieval.bm25_postings import (
+    BLOCK_SHIFT,
+    K1,
+    B,
+    Column,
+    Segment,
+    contribution,
+    new_pending,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +66,8 @@ TOKENIZER = "ragspec-words-1: lowercase, runs of Unicode word characters (re \\w
 # Pending adds become a segment once they hold this many postings (~48 MB as int32 arrays), so
 # building from a million passages never holds them as Python objects.
 _SEAL_POSTINGS = 4_000_000
+# Rows per block of the block-max search, as a power of two (tests use small blocks).
+_SHIFT = BLOCK_SHIFT
 
 
 def tokenize(text: str) -> list[str]:
@@ -144,8 +157,22 @@ class BM25Index:
 
     def top(self, query: str, k: int) -> list[tuple[str, float]]:
         """The k best (id, score) pairs, best first; ties in id order, so results are stable.
-        The same answer as `top_exhaustive`, found by MaxScore (bm25_maxscore.py): the long
-        posting lists of common words are probed, not read."""
+        The same answer as `top_exhaustive`, found by block-max bounds (bm25_blockmax.py):
+        blocks of rows are scored best bound first, and the search stops at the first block
+        bounded below the k-th score found."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if self._total_length == 0:
+            return []
+        self._seal()
+        n = len(self._row_of)
+        rows, scores = blockmax_rows(self._block_terms(query), self._norms(n), len(self._pids),
+                                     k, self._total_length / n, _SHIFT)
+        return self._ranked(rows, scores, k)
+
+    def top_maxscore(self, query: str, k: int) -> list[tuple[str, float]]:
+        """`top` by MaxScore with one bound per list (bm25_maxscore.py): the same answer, kept
+        as a second pruned reference and for side-by-side timing."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if self._total_length == 0:
@@ -153,23 +180,24 @@ class BM25Index:
         self._seal()
         rows, scores = top_rows(self._query_terms(query), self._norms(len(self._row_of)),
                                 len(self._pids), k)
+        return self._ranked(rows, scores, k)
+
+    def _ranked(self, rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:
         ranked = sorted(((self._pids[row], float(score)) for row, score in
                          zip(rows.tolist(), scores.tolist(), strict=True)),
                         key=lambda item: (-item[1], item[0]))
         return ranked[:k]
 
-    def _query_terms(self, query: str) -> list[QueryTerm]:
-        """The query's distinct known tokens in sorted order (the exhaustive scorer's order),
-        each with its live postings, idf and bound."""
+    def _live_lists(self, query: str):
+        """Per distinct known query token, in sorted order (the exhaustive scorer's order):
+        (idf, [(segment, term place, live rows, counts) per segment holding it])."""
         n = len(self._row_of)
-        average = self._total_length / n
         alive = self._alive.view() if self._dead_postings else None
-        terms = []
         for token in sorted(set(tokenize(query))):
             term = self._vocabulary.get(token)
             if term is None:
                 continue
-            lists, factor = [], 0.0
+            lists = []
             for segment in self._segments:
                 i = segment.find(term)
                 if i is None:
@@ -180,13 +208,36 @@ class BM25Index:
                     live = alive[rows]
                     rows, tfs = rows[live], tfs[live]
                 if len(rows):
-                    lists.append((rows, tfs))
-                    a0, best = segment.bounds(self._lengths.view(), average)
-                    factor = max(factor, float(best[i]) * max(1.0, average / a0))
-            df = sum(len(rows) for rows, _ in lists)
+                    lists.append((segment, i, rows, tfs))
+            df = sum(len(rows) for _, _, rows, _ in lists)
             if df:
-                idf = float(np.log(1 + (n - df + 0.5) / (df + 0.5)))
-                terms.append(QueryTerm(idf, idf * (K1 + 1) * factor, lists))
+                yield float(np.log(1 + (n - df + 0.5) / (df + 0.5))), lists
+
+    def _block_terms(self, query: str) -> list[BlockTerm]:
+        """The query's terms for the block-max search: idf and, per segment, the live
+        postings with the segment's stored block bounds (for long lists)."""
+        average = self._total_length / len(self._row_of)
+        terms = []
+        for idf, lists in self._live_lists(query):
+            held = []
+            for segment, i, rows, tfs in lists:
+                a0, long, table = segment.block_bounds(self._lengths.view(), average, _SHIFT)
+                held.append(TermList(rows, tfs) if long[i] < 0 else
+                            TermList(rows, tfs, table[long[i]], a0))
+            terms.append(BlockTerm(idf, held))
+        return terms
+
+    def _query_terms(self, query: str) -> list[QueryTerm]:
+        """The query's terms for MaxScore: idf, live postings and one bound per term."""
+        average = self._total_length / len(self._row_of)
+        terms = []
+        for idf, lists in self._live_lists(query):
+            factor = 0.0
+            for segment, i, _, _ in lists:
+                a0, best = segment.bounds(self._lengths.view(), average)
+                factor = max(factor, float(best[i]) * max(1.0, average / a0))
+            terms.append(QueryTerm(idf, idf * (K1 + 1) * factor,
+                                   [(rows, tfs) for _, _, rows, tfs in lists]))
         return terms
 
     def top_exhaustive(self, query: str, k: int) -> list[tuple[str, float]]:
