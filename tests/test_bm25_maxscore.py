@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ragspec.retrieval import bm25, bm25_blockmax, bm25_maxscore
+from ragspec.retrieval import bm25, bm25_maxscore, bm25_native
 from ragspec.retrieval.bm25 import BM25Index
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,41 +130,25 @@ def test_query_terms_reject_a_negative_bound():
         bm25_maxscore.QueryTerm(idf=1.0, bound=-1.0, lists=[(np.zeros(0), np.zeros(0))])
 
 
-@pytest.mark.parametrize("shift", [0, 3, 6])
-def test_block_max_top_k_equals_the_exhaustive_one_with_small_blocks(monkeypatch, shift):
-    """Many blocks on a small corpus (2**shift rows each), segments, removals and re-adds:
-    the block-max answer is the exhaustive one and the MaxScore one, to the last bit."""
-    monkeypatch.setattr(bm25, "_SHIFT", shift)
-    monkeypatch.setattr(bm25, "_SEAL_POSTINGS", 500)
-    rng = random.Random(11 + shift)
-    passages = _zipf_corpus(rng, 1200, rng.choice([50, 800]))
-    index = BM25Index.build(passages[:700])
-    queries = _queries(rng, passages, 60)
-    _assert_same(index, queries, ks=(1, 5, 50))  # block bounds stored at this average length
-    for pid, text in passages[700:]:
-        index.add(pid, text)
-    for pid, _ in rng.sample(passages, 300):
-        index.remove(pid)
-    for query in queries:
-        for k in (1, 5, 50, 5000):
-            assert index.top(query, k) == index.top_exhaustive(query, k) == \
-                index.top_maxscore(query, k), (query, k)
-
-
-def test_block_max_search_reads_only_the_best_blocks(monkeypatch):
-    """A rare word held by one passage in the last block: the search scores that block and
-    stops, never reading the common word's postings in the other blocks."""
-    monkeypatch.setattr(bm25, "_SHIFT", 4)
-    passages = [(f"p{i:04d}", "disk " * (1 + i % 3) + "full") for i in range(2000)]
-    passages.append(("p9999", "quota disk"))
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+def test_the_compiled_scorer_is_used_and_equals_numpy_to_the_last_bit(monkeypatch):
+    """`top` runs the compiled loop where a compiler is (every posting read, the same floats
+    as the numpy scorer), and MaxScore in numpy where it is switched off: the same answers."""
+    assert bm25_native.scorer() is not None
+    rng = random.Random(5)
+    passages = _zipf_corpus(rng, 2000, 600)
     index = BM25Index.build(passages)
-    read = []
-    real = bm25_blockmax.contribution
-
-    def counting(idf, tfs, norms):
-        read.append(len(tfs))
-        return real(idf, tfs, norms)
-
-    monkeypatch.setattr(bm25_blockmax, "contribution", counting)
-    assert index.top("quota disk", 1)[0][0] == "p9999"
-    assert sum(read) < 200, sum(read)  # 2,001 "disk" postings; one block of 16 rows read
+    for pid, _ in rng.sample(passages, 200):
+        index.remove(pid)
+    queries = _queries(rng, passages, 80)
+    added = []
+    real = bm25_native.Accumulator.add
+    monkeypatch.setattr(bm25_native.Accumulator, "add",
+                        lambda self, rows, *rest: added.append(len(rows)) or
+                        real(self, rows, *rest))
+    _assert_same(index, queries, ks=(1, 5, 50))
+    assert sum(added) > 0
+    monkeypatch.setattr(bm25, "scorer", lambda: None)  # no compiler: MaxScore in numpy
+    added.clear()
+    _assert_same(index, queries[:20], ks=(1, 5, 50))
+    assert not added

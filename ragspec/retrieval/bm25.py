@@ -18,11 +18,12 @@ Contract:
     ids; `from_bytes` needs them in the same order and checks every array against the others.
 
 How it scales: postings live in a few sorted numpy segments (term id, row, count;
-bm25_postings.py). `top` is exact block-max search (bm25_blockmax.py): rows are cut into blocks
-of 1,024, each block bounded by the sum of the query tokens' per-block maxima, and blocks are
-scored best bound first until the next bound falls below the k-th score found;
-`top_maxscore` (bm25_maxscore.py, one bound per list) and `top_exhaustive` (every posting) give
-the same answer, bit for bit, and are the references `top` is tested against. Adds
+bm25_postings.py). `top` scores every posting of the query's tokens in a compiled loop
+(bm25_native.py: the same float operations as numpy, so the same bits) into reused arrays and
+selects the k best; where no C compiler is, it is exact MaxScore in numpy (bm25_maxscore.py:
+rare tokens' lists read whole, common tokens' lists probed for the passages already found).
+`top_maxscore` and `top_exhaustive` (every posting, numpy) give the same answer, bit for bit,
+and are the references `top` is tested against. Adds
 collect in compact pending arrays that become a segment at the next search (or when they grow
 large); a new segment is merged with the previous one while that is at most twice its size, so
 there are O(log n) segments and each posting is merged O(log n) times. Removed passages are
@@ -40,23 +41,15 @@ from __future__ import annotations
 import io
 import logging
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ragspec.retrieval.bm25_blockmax import BlockTerm, TermList
-from ragspec.retrieval.bm25_blockmax import top_rows as blockmax_rows
 from ragspec.retrieval.bm25_maxscore import QueryTerm, top_rows
-from ragspec.retrieval.bm25_postings import (
-    BLOCK_SHIFT,
-    K1,
-    B,
-    Column,
-    Segment,
-    contribution,
-    new_pending,
-)
+from ragspec.retrieval.bm25_native import scorer
+from ragspec.retrieval.bm25_postings import K1, B, Column, Segment, contribution, new_pending
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +59,6 @@ TOKENIZER = "ragspec-words-1: lowercase, runs of Unicode word characters (re \\w
 # Pending adds become a segment once they hold this many postings (~48 MB as int32 arrays), so
 # building from a million passages never holds them as Python objects.
 _SEAL_POSTINGS = 4_000_000
-# Rows per block of the block-max search, as a power of two (tests use small blocks).
-_SHIFT = BLOCK_SHIFT
 
 
 def tokenize(text: str) -> list[str]:
@@ -91,6 +82,9 @@ class BM25Index:
         self._dead_postings = 0
         self._postings = 0
         self._norm: np.ndarray | None = None  # K1 * (1 - B + B * length / average), per row
+        # Reused score arrays for `top` (zeroed again after each search), under a lock.
+        self._scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._scratch_lock = threading.Lock()
 
     @classmethod
     def build(cls, passages: Iterable[tuple[str, str]]) -> BM25Index:
@@ -157,18 +151,35 @@ class BM25Index:
 
     def top(self, query: str, k: int) -> list[tuple[str, float]]:
         """The k best (id, score) pairs, best first; ties in id order, so results are stable.
-        The same answer as `top_exhaustive`, found by block-max bounds (bm25_blockmax.py):
-        blocks of rows are scored best bound first, and the search stops at the first block
-        bounded below the k-th score found."""
+        The same answer as `top_exhaustive`: every posting of the query's tokens scored by the
+        compiled loop (bm25_native.py), or by MaxScore in numpy where no C compiler is."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if self._total_length == 0:
             return []
+        native = scorer()
+        if native is None:
+            return self.top_maxscore(query, k)
         self._seal()
-        n = len(self._row_of)
-        rows, scores = blockmax_rows(self._block_terms(query), self._norms(n), len(self._pids),
-                                     k, self._total_length / n, _SHIFT)
-        return self._ranked(rows, scores, k)
+        norms = self._norms(len(self._row_of))
+        with self._scratch_lock:
+            size = len(self._pids)
+            if self._scratch is None or len(self._scratch[0]) < size:
+                self._scratch = (np.zeros(size), np.zeros(size, dtype=np.uint8),
+                                 np.zeros(size, dtype=np.int64))
+            scores, touched, order = self._scratch
+            count = 0
+            for idf, lists in self._live_lists(query):
+                for _, _, rows, tfs in lists:
+                    count = native.add(rows, tfs, idf, norms, scores, touched, order, count)
+            rows = order[:count].copy()
+            found = scores[rows]
+            scores[rows] = 0.0  # leave the scratch clean for the next search
+            touched[rows] = 0
+        if len(rows) > k:  # everything at least the k-th best, so ties are ordered by id
+            keep = found >= np.partition(found, len(found) - k)[len(found) - k]
+            rows, found = rows[keep], found[keep]
+        return self._ranked(rows, found, k)
 
     def top_maxscore(self, query: str, k: int) -> list[tuple[str, float]]:
         """`top` by MaxScore with one bound per list (bm25_maxscore.py): the same answer, kept
@@ -212,20 +223,6 @@ class BM25Index:
             df = sum(len(rows) for _, _, rows, _ in lists)
             if df:
                 yield float(np.log(1 + (n - df + 0.5) / (df + 0.5))), lists
-
-    def _block_terms(self, query: str) -> list[BlockTerm]:
-        """The query's terms for the block-max search: idf and, per segment, the live
-        postings with the segment's stored block bounds (for long lists)."""
-        average = self._total_length / len(self._row_of)
-        terms = []
-        for idf, lists in self._live_lists(query):
-            held = []
-            for segment, i, rows, tfs in lists:
-                a0, long, table = segment.block_bounds(self._lengths.view(), average, _SHIFT)
-                held.append(TermList(rows, tfs) if long[i] < 0 else
-                            TermList(rows, tfs, table[long[i]], a0))
-            terms.append(BlockTerm(idf, held))
-        return terms
 
     def _query_terms(self, query: str) -> list[QueryTerm]:
         """The query's terms for MaxScore: idf, live postings and one bound per term."""

@@ -10,10 +10,6 @@ Contract:
     with it). For any other average a, a posting's term factor is at most bound * max(1, a / a0):
     the denominator shrinks by at most the factor a0 / a as a grows. So the bounds stay valid
     while passages come and go, and are computed once per segment, not per query.
-  * `Segment.block_bounds(lengths, average, shift)` is the same bound per block of 2**shift
-    rows, for the terms whose list is at least as long as the segment has blocks (the others
-    are cheap to bound at query time from their few postings): a uint16 row per such term,
-    in steps of 1/65535 rounded up, kept with the a0 it was computed at (bm25_blockmax.py).
   * `contribution(idf, tfs, norms)` is the one BM25 term formula every scorer uses, so the
     pruned and the exhaustive search add the very same floats.
 """
@@ -29,8 +25,6 @@ K1 = 1.2
 B = 0.75
 # Postings per step when computing bounds: bounds a temporary to ~100 MB at a million passages.
 _BOUND_CHUNK = 4_000_000
-# Rows per block for block-max bounds (bm25_blockmax.py): 1,024 rows, ~1,000 blocks at 1M.
-BLOCK_SHIFT = 10
 
 
 def contribution(idf: float, tfs: np.ndarray, norms: np.ndarray) -> np.ndarray:
@@ -48,7 +42,6 @@ class Segment:
     rows: np.ndarray  # int32
     counts: np.ndarray  # int32
     _bounds: tuple[float, np.ndarray] | None = field(default=None, repr=False)
-    _blocks: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, terms: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> Segment:
@@ -92,41 +85,6 @@ class Segment:
                 first = last
             self._bounds = (float(average), best)
         return self._bounds
-
-
-    def block_bounds(self, lengths: np.ndarray, average: float,
-                     shift: int) -> tuple[float, np.ndarray, np.ndarray]:
-        """(a0, long: per term its row in `table` or -1, table: uint16 per long term and block
-        of 2**shift rows); see the module docstring. Computed at the first call, kept."""
-        if shift not in self._blocks:
-            n_blocks = (int(self.rows.max()) >> shift) + 1 if len(self.rows) else 1
-            sizes = np.diff(self.starts)
-            is_long = sizes >= max(n_blocks, 2)
-            long = np.full(len(self.terms), -1, dtype=np.int64)
-            long[is_long] = np.arange(int(is_long.sum()))
-            table = np.zeros((int(is_long.sum()), n_blocks), dtype=np.uint16)
-            first = 0
-            while first < len(self.terms):  # whole terms per step, ~_BOUND_CHUNK postings
-                last = int(np.searchsorted(self.starts, self.starts[first] + _BOUND_CHUNK,
-                                           side="right")) - 1
-                last = min(max(last, first + 1), len(self.terms))
-                chosen = np.flatnonzero(is_long[first:last]) + first
-                if len(chosen):
-                    at = np.concatenate([np.arange(self.starts[t], self.starts[t + 1])
-                                         for t in chosen.tolist()])
-                    owner = np.repeat(long[chosen], sizes[chosen])
-                    rows = self.rows[at]
-                    tfs = self.counts[at].astype(np.float64)
-                    factor = tfs / (tfs + K1 * (1 - B + B * lengths[rows] / average))
-                    steps = np.minimum(np.ceil(factor * 65535 * (1 + 1e-9)), 65535)
-                    key = owner * n_blocks + (rows >> shift)
-                    cut = np.flatnonzero(np.diff(key)) + 1
-                    cut = np.concatenate([[0], cut])
-                    best = np.maximum.reduceat(steps, cut)
-                    table.reshape(-1)[key[cut]] = best.astype(np.uint16)
-                first = last
-            self._blocks[shift] = (float(average), long, table)
-        return self._blocks[shift]
 
 
 class Column:
