@@ -5,7 +5,8 @@ fails: the caller then scores in numpy, with the same result). `Accumulator.add(
 idf, norms, scores, touched, touched_rows, n_touched)` adds one term's BM25 contribution
 (bm25_postings.contribution) to `scores[rows]` with the same floating-point operations in the
 same order as numpy does, so the scores are equal to the last bit; it also lists each newly
-touched row. It imports only ragspec.paths and bm25_postings' constants.
+touched row. Every row in `rows` must be below len(norms) (the caller's postings refer to its
+own rows; the loop does not check each one). It imports only ragspec.paths and bm25_postings' constants.
 
 The source (bm25_native.c) is compiled with the system C compiler (`$CC`, else `cc`) with -O3,
 -march=native and -ffp-contract=off (no fused multiply-add, so no rounding differs from
@@ -73,8 +74,8 @@ class Accumulator:
                              (touched_rows, np.int64)):
             if array.dtype != dtype or not array.flags.c_contiguous:
                 raise TypeError(f"expected a contiguous {dtype} array, got {array.dtype}")
-        if len(rows) and int(rows.max()) >= min(len(norms), len(scores), len(touched)):
-            raise IndexError("a posting's row is past the score arrays")
+        if min(len(scores), len(touched), len(touched_rows)) < len(norms):
+            raise IndexError("the score arrays must hold a place per row")
         return int(self._fn(rows.ctypes.data, tfs.ctypes.data, len(rows), float(idf),
                             float(K1 + 1), norms.ctypes.data, scores.ctypes.data,
                             touched.ctypes.data, touched_rows.ctypes.data, int(n_touched)))
