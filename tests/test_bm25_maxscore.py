@@ -152,3 +152,25 @@ def test_the_compiled_scorer_is_used_and_equals_numpy_to_the_last_bit(monkeypatc
     added.clear()
     _assert_same(index, queries[:20], ks=(1, 5, 50))
     assert not added
+
+
+def test_adding_a_batch_gives_the_index_adding_one_by_one_gives():
+    rng = random.Random(9)
+    passages = _zipf_corpus(rng, 900, 700) + [("empty", ""), ("caps", "Disk FULL disk_quota")]
+    one = BM25Index()
+    for pid, text in passages:
+        one.add(pid, text)
+    batched = BM25Index()
+    batched.add_many(passages[:10])
+    batched.add_many(passages[10:500])
+    batched.add_many([])
+    batched.add_many(passages[500:])
+    order = [pid for pid, _ in passages]
+    assert batched.to_bytes(order) == one.to_bytes(order)
+    for query in _queries(rng, passages, 30) + ["disk_quota full"]:
+        assert batched.top(query, 5) == one.top(query, 5)
+    with pytest.raises(ValueError, match="already"):
+        batched.add_many([("new", "a"), ("new", "b")])
+    with pytest.raises(ValueError, match="already"):
+        batched.add_many([("caps", "x")])
+    assert "new" not in batched
