@@ -18,11 +18,12 @@ Contract:
     ids; `from_bytes` needs them in the same order and checks every array against the others.
 
 How it scales: postings live in a few sorted numpy segments (term id, row, count;
-bm25_postings.py). `top` is exact MaxScore (bm25_maxscore.py): rare tokens' lists are read
-whole, in a compiled loop where a C compiler is (bm25_native.py), and once the k-th best score
-so far beats what the remaining tokens could add, the common tokens' lists are only probed for
-the passages already found. `top_maxscore` (the same, all numpy) and `top_exhaustive` (every
-posting) give the same answer, bit for bit, and are the references `top` is tested against. Adds
+bm25_postings.py). `top` scores every posting of the query's tokens in a compiled loop
+(bm25_native.py: the same float operations as numpy, so the same bits) into reused arrays and
+selects the k best; where no C compiler is, it is exact MaxScore in numpy (bm25_maxscore.py:
+rare tokens' lists read whole, common tokens' lists probed for the passages already found).
+`top_maxscore` and `top_exhaustive` (every posting, numpy) give the same answer, bit for bit,
+and are the references `top` is tested against. Adds
 collect in compact pending arrays that become a segment at the next search (or when they grow
 large); a new segment is merged with the previous one while that is at most twice its size, so
 there are O(log n) segments and each posting is merged O(log n) times. Removed passages are
@@ -40,6 +41,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
 
@@ -80,6 +82,9 @@ class BM25Index:
         self._dead_postings = 0
         self._postings = 0
         self._norm: np.ndarray | None = None  # K1 * (1 - B + B * length / average), per row
+        # Reused score arrays for `top` (zeroed again after each search), under a lock.
+        self._scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._scratch_lock = threading.Lock()
 
     @classmethod
     def build(cls, passages: Iterable[tuple[str, str]]) -> BM25Index:
@@ -170,23 +175,46 @@ class BM25Index:
 
     def top(self, query: str, k: int) -> list[tuple[str, float]]:
         """The k best (id, score) pairs, best first; ties in id order, so results are stable.
-        The same answer as `top_exhaustive`, by MaxScore (bm25_maxscore.py) whose whole-list
-        pass runs in the compiled loop (bm25_native.py), or in numpy where no C compiler is."""
-        return self._maxscore(query, k, scorer())
+        The same answer as `top_exhaustive`: every posting of the query's tokens scored by the
+        compiled loop (bm25_native.py), or by MaxScore in numpy where no C compiler is."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if self._total_length == 0:
+            return []
+        native = scorer()
+        if native is None:
+            return self.top_maxscore(query, k)
+        self._seal()
+        norms = self._norms(len(self._row_of))
+        with self._scratch_lock:
+            size = len(self._pids)
+            if self._scratch is None or len(self._scratch[0]) < size:
+                self._scratch = (np.zeros(size), np.zeros(size, dtype=np.uint8),
+                                 np.zeros(size, dtype=np.int64))
+            scores, touched, order = self._scratch
+            count = 0
+            for idf, lists in self._live_lists(query):
+                for _, _, rows, tfs in lists:
+                    count = native.add(rows, tfs, idf, norms, scores, touched, order, count)
+            rows = order[:count].copy()
+            found = scores[rows]
+            scores[rows] = 0.0  # leave the scratch clean for the next search
+            touched[rows] = 0
+        if len(rows) > k:  # everything at least the k-th best, so ties are ordered by id
+            keep = found >= np.partition(found, len(found) - k)[len(found) - k]
+            rows, found = rows[keep], found[keep]
+        return self._ranked(rows, found, k)
 
     def top_maxscore(self, query: str, k: int) -> list[tuple[str, float]]:
-        """`top` all in numpy (MaxScore, bm25_maxscore.py): the same answer, kept as a
-        reference and for side-by-side timing."""
-        return self._maxscore(query, k, None)
-
-    def _maxscore(self, query: str, k: int, native) -> list[tuple[str, float]]:
+        """`top` by MaxScore with one bound per list (bm25_maxscore.py): the same answer, kept
+        as a second pruned reference and for side-by-side timing."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if self._total_length == 0:
             return []
         self._seal()
         rows, scores = top_rows(self._query_terms(query), self._norms(len(self._row_of)),
-                                len(self._pids), k, native)
+                                len(self._pids), k)
         return self._ranked(rows, scores, k)
 
     def _ranked(self, rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:

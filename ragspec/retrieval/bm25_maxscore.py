@@ -64,9 +64,8 @@ def _kth(values: np.ndarray, k: int) -> float:
 
 
 def top_rows(terms: list[QueryTerm], norms: np.ndarray, n_rows: int,
-             k: int, native=None) -> tuple[np.ndarray, np.ndarray]:
-    """See the module docstring: the rows that may be in the top k, with their exact scores.
-    `native` (bm25_native.Accumulator) scores the whole lists in C instead of numpy."""
+             k: int) -> tuple[np.ndarray, np.ndarray]:
+    """See the module docstring: the rows that may be in the top k, with their exact scores."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if not terms:
@@ -75,27 +74,19 @@ def top_rows(terms: list[QueryTerm], norms: np.ndarray, n_rows: int,
     # rest[i]: what the terms order[i:] can still add to one row, rounded up.
     rest = np.append(np.cumsum([terms[i].bound for i in order][::-1])[::-1], 0.0) * (1 + SLACK)
     partial = np.zeros(n_rows)
-    seen = np.zeros(n_rows, dtype=np.uint8 if native is not None else np.bool_)
-    listed = np.empty(n_rows, dtype=np.int64) if native is not None else None
-    count = 0
+    seen = np.zeros(n_rows, dtype=np.bool_)
     found: list[np.ndarray] = []
     theta = -np.inf
     read = 0
     while read < len(order):  # essential terms: every posting
         term = terms[order[read]]
         for rows, tfs in term.lists:
-            if native is not None:
-                count = native.add(rows, tfs, term.idf, norms, partial, seen, listed, count)
-                continue
             partial[rows] += contribution(term.idf, tfs, norms[rows])
             fresh = rows[~seen[rows]]
             seen[fresh] = True
             found.append(fresh)
         read += 1
-        if native is not None:
-            candidates = listed[:count]
-        else:
-            candidates = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+        candidates = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
         theta = _kth(partial[candidates], k)
         if rest[read] < theta * (1 - SLACK):
             break
