@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ragspec.retrieval import bm25, bm25_maxscore
+from ragspec.retrieval import bm25, bm25_maxscore, bm25_native
 from ragspec.retrieval.bm25 import BM25Index
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +37,8 @@ def _queries(rng: random.Random, passages, count: int) -> list[str]:
 def _assert_same(index: BM25Index, queries, ks=(1, 4, 5, 50, 10_000)) -> None:
     for query in queries:
         for k in ks:
-            assert index.top(query, k) == index.top_exhaustive(query, k), (query, k)
+            assert index.top(query, k) == index.top_exhaustive(query, k) == \
+                index.top_maxscore(query, k), (query, k)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -118,11 +120,57 @@ def test_a_common_words_postings_are_probed_not_read(monkeypatch):
     real = bm25_maxscore.contribution
     monkeypatch.setattr(bm25_maxscore, "contribution",
                         lambda idf, tfs, norms: scored.append(len(tfs)) or real(idf, tfs, norms))
-    assert index.top("rare common", 1) == index.top_exhaustive("rare common", 1)
-    assert index.top("rare common", 1)[0][0] == "p00017"
+    assert index.top_maxscore("rare common", 1) == index.top_exhaustive("rare common", 1)
+    assert index.top_maxscore("rare common", 1)[0][0] == "p00017"
     assert sum(scored) < 100  # against 20,001 postings for an exhaustive pass
 
 
 def test_query_terms_reject_a_negative_bound():
     with pytest.raises(ValueError, match="bound"):
         bm25_maxscore.QueryTerm(idf=1.0, bound=-1.0, lists=[(np.zeros(0), np.zeros(0))])
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+def test_the_compiled_scorer_is_used_and_equals_numpy_to_the_last_bit(monkeypatch):
+    """`top` runs the compiled loop where a compiler is (every posting read, the same floats
+    as the numpy scorer), and MaxScore in numpy where it is switched off: the same answers."""
+    assert bm25_native.scorer() is not None
+    rng = random.Random(5)
+    passages = _zipf_corpus(rng, 2000, 600)
+    index = BM25Index.build(passages)
+    for pid, _ in rng.sample(passages, 200):
+        index.remove(pid)
+    queries = _queries(rng, passages, 80)
+    added = []
+    real = bm25_native.Accumulator.add
+    monkeypatch.setattr(bm25_native.Accumulator, "add",
+                        lambda self, rows, *rest: added.append(len(rows)) or
+                        real(self, rows, *rest))
+    _assert_same(index, queries, ks=(1, 5, 50))
+    assert sum(added) > 0
+    monkeypatch.setattr(bm25, "scorer", lambda: None)  # no compiler: MaxScore in numpy
+    added.clear()
+    _assert_same(index, queries[:20], ks=(1, 5, 50))
+    assert not added
+
+
+def test_adding_a_batch_gives_the_index_adding_one_by_one_gives():
+    rng = random.Random(9)
+    passages = _zipf_corpus(rng, 900, 700) + [("empty", ""), ("caps", "Disk FULL disk_quota")]
+    one = BM25Index()
+    for pid, text in passages:
+        one.add(pid, text)
+    batched = BM25Index()
+    batched.add_many(passages[:10])
+    batched.add_many(passages[10:500])
+    batched.add_many([])
+    batched.add_many(passages[500:])
+    order = [pid for pid, _ in passages]
+    assert batched.to_bytes(order) == one.to_bytes(order)
+    for query in _queries(rng, passages, 30) + ["disk_quota full"]:
+        assert batched.top(query, 5) == one.top(query, 5)
+    with pytest.raises(ValueError, match="already"):
+        batched.add_many([("new", "a"), ("new", "b")])
+    with pytest.raises(ValueError, match="already"):
+        batched.add_many([("caps", "x")])
+    assert "new" not in batched

@@ -18,10 +18,12 @@ Contract:
     ids; `from_bytes` needs them in the same order and checks every array against the others.
 
 How it scales: postings live in a few sorted numpy segments (term id, row, count;
-bm25_postings.py). `top` is exact MaxScore (bm25_maxscore.py): the query's rare tokens are
-scored over their whole (short) lists, and once the k-th best score so far beats what the
-remaining tokens could add, their (long) lists are only probed for the passages already found;
-`top_exhaustive` scores every posting and is the reference `top` must equal, bit for bit. Adds
+bm25_postings.py). `top` scores every posting of the query's tokens in a compiled loop
+(bm25_native.py: the same float operations as numpy, so the same bits) into reused arrays and
+selects the k best; where no C compiler is, it is exact MaxScore in numpy (bm25_maxscore.py:
+rare tokens' lists read whole, common tokens' lists probed for the passages already found).
+`top_maxscore` and `top_exhaustive` (every posting, numpy) give the same answer, bit for bit,
+and are the references `top` is tested against. Adds
 collect in compact pending arrays that become a segment at the next search (or when they grow
 large); a new segment is merged with the previous one while that is at most twice its size, so
 there are O(log n) segments and each posting is merged O(log n) times. Removed passages are
@@ -39,12 +41,14 @@ from __future__ import annotations
 import io
 import logging
 import re
-from collections import Counter
+import threading
 from collections.abc import Iterable, Sequence
+from itertools import chain, repeat
 
 import numpy as np
 
 from ragspec.retrieval.bm25_maxscore import QueryTerm, top_rows
+from ragspec.retrieval.bm25_native import scorer
 from ragspec.retrieval.bm25_postings import K1, B, Column, Segment, contribution, new_pending
 
 logger = logging.getLogger(__name__)
@@ -78,13 +82,21 @@ class BM25Index:
         self._dead_postings = 0
         self._postings = 0
         self._norm: np.ndarray | None = None  # K1 * (1 - B + B * length / average), per row
+        # Reused score arrays for `top` (zeroed again after each search), under a lock.
+        self._scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._scratch_lock = threading.Lock()
 
     @classmethod
     def build(cls, passages: Iterable[tuple[str, str]]) -> BM25Index:
         """An index of (id, text) pairs."""
         index = cls()
-        for pid, text in passages:
-            index.add(pid, text)
+        batch: list[tuple[str, str]] = []
+        for pair in passages:
+            batch.append(pair)
+            if len(batch) == 1000:
+                index.add_many(batch)
+                batch = []
+        index.add_many(batch)
         return index
 
     def __len__(self) -> int:
@@ -98,23 +110,42 @@ class BM25Index:
         return list(self._row_of)
 
     def add(self, pid: str, text: str) -> None:
-        if pid in self._row_of:
-            raise ValueError(f"passage {pid!r} is already in the keyword index")
-        counts = Counter(tokenize(text))
-        row = len(self._pids)
-        terms, rows, tfs = self._pending
-        # Whole lists per passage, not three appends per token: this loop is most of ingest.
-        tokens = list(counts)
-        ids = list(map(self._vocabulary.get, tokens, [-1] * len(tokens)))
-        if -1 in ids:  # new words get the next ids, in the order they appear
-            for i, token in enumerate(tokens):
-                if ids[i] == -1:
-                    ids[i] = self._vocabulary.setdefault(token, len(self._vocabulary))
-        terms.extend(ids)
-        rows.extend([row] * len(ids))
-        tfs.extend(counts.values())
-        self._append_row(pid, sum(counts.values()), len(counts))
-        self._postings += len(counts)
+        self.add_many([(pid, text)])
+
+    def add_many(self, passages: Sequence[tuple[str, str]]) -> None:
+        """`add` for each (id, text) pair, counted in one numpy pass for the whole batch (the
+        per-passage Python work was most of ingest); the same index as adding one by one."""
+        pids = [pid for pid, _ in passages]
+        if len(set(pids)) != len(pids) or any(pid in self._row_of for pid in pids):
+            held = next(p for i, p in enumerate(pids) if p in self._row_of or p in pids[:i])
+            raise ValueError(f"passage {held!r} is already in the keyword index")
+        if not pids:
+            return
+        token_lists = [tokenize(text) for _, text in passages]
+        flat = list(chain.from_iterable(token_lists))
+        vocabulary = self._vocabulary
+        ids = np.fromiter(map(vocabulary.get, flat, repeat(-1)), dtype=np.int64, count=len(flat))
+        for i in np.flatnonzero(ids < 0).tolist():  # new words: the next ids, as they appear
+            ids[i] = vocabulary.setdefault(flat[i], len(vocabulary))
+        lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+        first = len(self._pids)
+        width = max(len(vocabulary), 1)
+        keys, tfs = np.unique(np.repeat(np.arange(first, first + len(pids)), lengths) * width
+                              + ids, return_counts=True)
+        rows = keys // width
+        distinct = np.bincount(rows - first, minlength=len(pids))
+        terms, pending_rows, counts = self._pending
+        terms.frombytes((keys % width).astype(np.int32).tobytes())
+        pending_rows.frombytes(rows.astype(np.int32).tobytes())
+        counts.frombytes(tfs.astype(np.int32).tobytes())
+        self._row_of.update(zip(pids, range(first, first + len(pids)), strict=True))
+        self._pids.extend(pids)
+        self._lengths.extend(lengths.astype(np.int32))
+        self._distinct.extend(distinct.astype(np.int32))
+        self._alive.extend(np.ones(len(pids), dtype=np.bool_))
+        self._total_length += int(lengths.sum())
+        self._norm = None
+        self._postings += len(keys)
         if len(terms) >= _SEAL_POSTINGS:
             self._seal_pending()
 
@@ -144,8 +175,39 @@ class BM25Index:
 
     def top(self, query: str, k: int) -> list[tuple[str, float]]:
         """The k best (id, score) pairs, best first; ties in id order, so results are stable.
-        The same answer as `top_exhaustive`, found by MaxScore (bm25_maxscore.py): the long
-        posting lists of common words are probed, not read."""
+        The same answer as `top_exhaustive`: every posting of the query's tokens scored by the
+        compiled loop (bm25_native.py), or by MaxScore in numpy where no C compiler is."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if self._total_length == 0:
+            return []
+        native = scorer()
+        if native is None:
+            return self.top_maxscore(query, k)
+        self._seal()
+        norms = self._norms(len(self._row_of))
+        with self._scratch_lock:
+            size = len(self._pids)
+            if self._scratch is None or len(self._scratch[0]) < size:
+                self._scratch = (np.zeros(size), np.zeros(size, dtype=np.uint8),
+                                 np.zeros(size, dtype=np.int64))
+            scores, touched, order = self._scratch
+            count = 0
+            for idf, lists in self._live_lists(query):
+                for _, _, rows, tfs in lists:
+                    count = native.add(rows, tfs, idf, norms, scores, touched, order, count)
+            rows = order[:count].copy()
+            found = scores[rows]
+            scores[rows] = 0.0  # leave the scratch clean for the next search
+            touched[rows] = 0
+        if len(rows) > k:  # everything at least the k-th best, so ties are ordered by id
+            keep = found >= np.partition(found, len(found) - k)[len(found) - k]
+            rows, found = rows[keep], found[keep]
+        return self._ranked(rows, found, k)
+
+    def top_maxscore(self, query: str, k: int) -> list[tuple[str, float]]:
+        """`top` by MaxScore with one bound per list (bm25_maxscore.py): the same answer, kept
+        as a second pruned reference and for side-by-side timing."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if self._total_length == 0:
@@ -153,23 +215,24 @@ class BM25Index:
         self._seal()
         rows, scores = top_rows(self._query_terms(query), self._norms(len(self._row_of)),
                                 len(self._pids), k)
+        return self._ranked(rows, scores, k)
+
+    def _ranked(self, rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:
         ranked = sorted(((self._pids[row], float(score)) for row, score in
                          zip(rows.tolist(), scores.tolist(), strict=True)),
                         key=lambda item: (-item[1], item[0]))
         return ranked[:k]
 
-    def _query_terms(self, query: str) -> list[QueryTerm]:
-        """The query's distinct known tokens in sorted order (the exhaustive scorer's order),
-        each with its live postings, idf and bound."""
+    def _live_lists(self, query: str):
+        """Per distinct known query token, in sorted order (the exhaustive scorer's order):
+        (idf, [(segment, term place, live rows, counts) per segment holding it])."""
         n = len(self._row_of)
-        average = self._total_length / n
         alive = self._alive.view() if self._dead_postings else None
-        terms = []
         for token in sorted(set(tokenize(query))):
             term = self._vocabulary.get(token)
             if term is None:
                 continue
-            lists, factor = [], 0.0
+            lists = []
             for segment in self._segments:
                 i = segment.find(term)
                 if i is None:
@@ -180,13 +243,22 @@ class BM25Index:
                     live = alive[rows]
                     rows, tfs = rows[live], tfs[live]
                 if len(rows):
-                    lists.append((rows, tfs))
-                    a0, best = segment.bounds(self._lengths.view(), average)
-                    factor = max(factor, float(best[i]) * max(1.0, average / a0))
-            df = sum(len(rows) for rows, _ in lists)
+                    lists.append((segment, i, rows, tfs))
+            df = sum(len(rows) for _, _, rows, _ in lists)
             if df:
-                idf = float(np.log(1 + (n - df + 0.5) / (df + 0.5)))
-                terms.append(QueryTerm(idf, idf * (K1 + 1) * factor, lists))
+                yield float(np.log(1 + (n - df + 0.5) / (df + 0.5))), lists
+
+    def _query_terms(self, query: str) -> list[QueryTerm]:
+        """The query's terms for MaxScore: idf, live postings and one bound per term."""
+        average = self._total_length / len(self._row_of)
+        terms = []
+        for idf, lists in self._live_lists(query):
+            factor = 0.0
+            for segment, i, _, _ in lists:
+                a0, best = segment.bounds(self._lengths.view(), average)
+                factor = max(factor, float(best[i]) * max(1.0, average / a0))
+            terms.append(QueryTerm(idf, idf * (K1 + 1) * factor,
+                                   [(rows, tfs) for _, _, rows, tfs in lists]))
         return terms
 
     def top_exhaustive(self, query: str, k: int) -> list[tuple[str, float]]:

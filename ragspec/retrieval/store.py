@@ -214,8 +214,7 @@ class PassageStore(StoreBase):
             metadatas=[to_lc(p).metadata for p in passages],
             ids=[p.id for p in passages],
         )
-        for p in passages:
-            self._keywords.add(p.id, p.text)
+        self._keywords.add_many([(p.id, p.text) for p in passages])
         self._changed()
 
     def _delete(self, doc_id: str) -> None:
