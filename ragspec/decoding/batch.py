@@ -18,7 +18,9 @@ sequence by one step in ONE forward (ragspec.decoding.ragged) and returns what e
 
 Greedy output equals the sequence run alone with the engine up to the kernels' rounding of a
 row computed among T rows against the same row among fewer (batch-invariant kernels make it
-exact). A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
+exact). With the native step installed (ragspec.decoding.native_step) the "one forward" is one
+native call per sequence against its own cache, the call it makes alone (ragged.packed_forward),
+so the output is exactly the solo output. A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
 plan with one forward per sequence: still interleaved, not queued.
 """
 
