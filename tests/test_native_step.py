@@ -203,3 +203,53 @@ def test_transformers_generate_takes_the_native_step_and_gives_the_engine_s_toke
         assert native_step.stats(model)["forwards"] >= 15  # generate's decode steps ran natively
         got = gen.generate(prompt, GenerationConfig(max_new_tokens=16, draft=DraftConfig(adaptive=False)))
         assert got.token_ids == want
+
+
+def test_a_ragged_forward_with_the_native_step_equals_each_sequence_alone(pairs):
+    """Three sequences of different lengths in one batched (ragged) forward give, bit for bit,
+    the logits and caches each gives alone, and every decode block runs the native step."""
+    from ragspec.decoding.ragged import Block, packed_forward
+
+    model, _, _ = pairs["qwen3"]
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (STEP_ROWS + 9, 5, 23)]
+    steps = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 1, 6)]
+    with torch.inference_mode():
+        alone, batched = [new_cache(model) for _ in prompts], [new_cache(model) for _ in prompts]
+        want = [model(input_ids=torch.tensor([p]), cache=c, use_cache=True, logits_to_keep=1).logits[0]
+                for p, c in zip(prompts, alone, strict=True)]
+        got = packed_forward(model, [Block(c, p, 0, "last") for p, c in zip(prompts, batched, strict=True)])
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+        starts = [len(p) for p in prompts]
+        want = [model(input_ids=torch.tensor([s]), cache=c, use_cache=True).logits[0]
+                for s, c in zip(steps, alone, strict=True)]
+        native_step.reset_stats(model)
+        got = packed_forward(model, [Block(c, s, n) for s, c, n in zip(steps, batched, starts, strict=True)])
+        assert native_step.stats(model)["forwards"] == len(steps)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(alone, batched, strict=True):
+            length = a.get_seq_length()
+            assert b.get_seq_length() == length
+            for (ka, va), (kb, vb) in zip(_layer_kv(a, length), _layer_kv(b, length), strict=True):
+                assert torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+def test_served_beside_others_a_request_gives_its_solo_answer_on_the_native_step(pairs, tiny_tokenizer):
+    from ragspec.decoding.scheduler import Scheduler
+
+    model, _, _ = pairs["llama"]
+    gen = Generator(model, tiny_tokenizer, eos_token_ids=[2])
+    configs = [GenerationConfig(max_new_tokens=24 + 4 * i, draft=DraftConfig(adaptive=False))
+               for i in range(3)]
+    requests = list(zip(matrix_prompts(model.config.vocab_size, 3), configs, strict=True))
+    want = [gen.generate(p, c).token_ids for p, c in requests]
+    scheduler = Scheduler(gen, max_active=3)
+    try:
+        handles = [scheduler.submit(p, c) for p, c in requests]
+        got = [h.result().token_ids for h in handles]
+    finally:
+        scheduler.close()
+    assert got == want

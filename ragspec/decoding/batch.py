@@ -18,7 +18,9 @@ sequence by one step in ONE forward (ragspec.decoding.ragged) and returns what e
 
 Greedy output equals the sequence run alone with the engine up to the kernels' rounding of a
 row computed among T rows against the same row among fewer (batch-invariant kernels make it
-exact). A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
+exact). With the native step installed (ragspec.decoding.native_step) the "one forward" is one
+native call per sequence against its own cache, the call it makes alone (ragged.packed_forward),
+so the output is exactly the solo output. A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
 plan with one forward per sequence: still interleaved, not queued.
 """
 
@@ -32,10 +34,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ragspec.decoding.cache import new_cache
-from ragspec.decoding.engine import GenerationStream, Generator, Step, forward
+from ragspec.decoding.engine import GenerationStream, Generator, Step
 from ragspec.decoding.packed import step_forward
 from ragspec.decoding.policy import DraftPolicy, ForwardCost
-from ragspec.decoding.ragged import Block, packed_forward
+from ragspec.decoding.ragged import Block, alone, packed_forward
 from ragspec.decoding.sampling import next_token
 from ragspec.decoding.types import GenerationConfig, SourceRegion, Span
 
@@ -195,7 +197,7 @@ def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
     prefills, decodes = plan_step(sequences, prefill_chunk)
     outcomes: dict[BatchSequence, Outcome] = {}
     for seq, block in prefills:
-        rows = packed_forward(gen.model, [block])[0] if packed else _alone(gen.model, block)
+        rows = packed_forward(gen.model, [block])[0] if packed else alone(gen.model, block)
         outcomes[seq] = seq.take(rows)
     if not decodes:
         return outcomes
@@ -204,17 +206,10 @@ def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
         if packed:
             logits = packed_forward(gen.model, [block for _, block in decodes])
         else:
-            logits = [_alone(gen.model, block) for _, block in decodes]
+            logits = [alone(gen.model, block) for _, block in decodes]
     outcomes.update((seq, seq.take(rows)) for (seq, _), rows in zip(decodes, logits, strict=True))
     if len(decodes) == 1 and not prefills and decodes[0][0].stream._policy:
         # a lone decode step is what the cost curve measures: let the engine's watch see it
         block = decodes[0][1]
         gen.watch.observe(len(block.tokens), time.perf_counter() - clock, block.start)
     return outcomes
-
-
-def _alone(model, block: Block) -> torch.Tensor | None:
-    """One block as its own forward, with its own cache (the unpacked path)."""
-    keep = {"all": 0, "last": 1, "none": 1}[block.logits]
-    logits = forward(model, block.tokens, block.cache, logits_to_keep=keep)
-    return None if block.logits == "none" else logits

@@ -16,9 +16,10 @@ A spec that names nothing on this machine raises ModelNotFound, a model ragspec 
 (encoder-decoder, no causal-LM head, unreadable GGUF, unknown architecture) ModelNotSupported:
 both with one line that says which and what to do.
 
-With RAGSPEC_NATIVE_STEP=1, a packed model of a family ragspec.decoding.native_step covers runs
-its decode and verify steps as one native call (LoadedModel.step says which path runs, and why
-not native; off by default, see native_step.chosen).
+A packed model of a family ragspec.decoding.native_step covers runs its decode and verify steps
+as one native call, also inside batched serving (each sequence's rows as it would run alone);
+RAGSPEC_NATIVE_STEP=0 keeps transformers' modules (LoadedModel.step says which path runs, and
+why not native; see native_step.chosen).
 
 Also decided at load time: the attention implementation (ragspec.decoding.attention.install) and whether
 the model's cache can be rolled back after a rejected draft (ragspec.decoding.cache.rollback_problem).
@@ -320,7 +321,7 @@ def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
             folder, made = quantised_folder(Path(source), choice, cache_dir, on_convert)
             path, converted = str(folder), converted or made
         model, tokenizer = load_packed(Path(path))
-        not_native = native_step.chosen() or native_step.install(model)
+        not_native = native_step.install(model)
     except (PackingError, KeyError, NotImplementedError) as exc:
         raise ModelNotSupported(f"{spec or BUNDLED}: its weights cannot run packed "
                                 f"({exc.__class__.__name__}: {str(exc)[:200]}); try --weights fp32"

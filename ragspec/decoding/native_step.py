@@ -5,12 +5,14 @@ packed.STEP_ROWS rows, or any forward inside packed.step_forward()) run as ONE c
 ragspec's StepModel (native/step.cpp) instead of transformers' modules around the kernels, and
 returns None; where the model cannot run it (a family or a layer kind it does not cover, or
 RAGSPEC_NATIVE_STEP=0) it changes nothing and returns why, in one line. Every other forward — a
-long prefill, a batched ragged forward, a call with embeddings, a mask other than all ones or
+long prefill, a call with embeddings, a mask other than all ones or
 positions other than the rows' own, a cache of other layers — runs the model's own forward as before.
 transformers' `generate` (an all-ones mask, its own DynamicCache) takes the native step too,
 so greedy `generate` and ragspec's engine compute the same steps on the same model object.
-`stats(model)` gives the native step's time counters. The product installs it only when
-RAGSPEC_NATIVE_STEP=1 (`chosen`), since batched serving forwards keep the module path.
+`stats(model)` gives the native step's time counters. The product installs it on every packed
+model it covers unless RAGSPEC_NATIVE_STEP=0 (`chosen`, the one reader of that variable); a
+batched (ragged) forward over several sequences then runs each sequence's rows as the forward
+it would be alone (ragspec.decoding.ragged), so served and solo answers take the same path.
 
 What stays as it was:
   * the cache: the new keys and values go into the same GrowingLayer buffers
@@ -24,8 +26,8 @@ What stays as it was:
     with the module path to float rounding (the test suite bounds the difference) — not bit
     for bit, so at a near-tie the greedy token can differ from the module path's (seen on the
     bundled model: a 96-token answer from Python's zlib documentation diverged at token 15).
-    Exactness holds within each path: speculation on equals off, and `generate` equals the
-    engine, on the same model object.
+    Exactness holds within each path: speculation on equals off, `generate` equals the
+    engine, and a batched forward equals each sequence alone, on the same model object.
 
 Families are one code path with parameters (FAMILIES): optional biases on every product
 (Qwen2), per-head q/k norms (Qwen3), residual/embedding/logit multipliers (Granite). A family
@@ -50,12 +52,14 @@ ENV = "RAGSPEC_NATIVE_STEP"
 
 def chosen() -> str | None:
     """None when the product should install the native step on the packed models it loads,
-    else why not. It is off unless RAGSPEC_NATIVE_STEP=1: the server's batched (ragged)
-    forwards run the module path, which rounds norms, rotary and SiLU differently, so at a
-    near-tie a request served beside others could pick another greedy token than alone."""
-    if os.environ.get(ENV, "").strip() == "1":
-        return None
-    return f"the native step is opt-in ({ENV}=1)"
+    else why not: the one place RAGSPEC_NATIVE_STEP is read. On unless RAGSPEC_NATIVE_STEP=0
+    (batched serving runs each sequence's rows through the native step too,
+    ragspec.decoding.ragged, so a request served beside others computes what it does alone)."""
+    if os.environ.get(ENV, "").strip() == "0":
+        return f"turned off ({ENV}=0)"
+    return None
+
+
 _ROPE_TYPES = ("default", "linear", "llama3")
 _LAYERS = (GrowingLayer, DynamicLayer)  # cache layers whose buffers the native step writes
 
@@ -149,8 +153,6 @@ def problem(model) -> str | None:
     """Why `model`'s steps cannot run natively (None when they can)."""
     from ragspec.decoding.cache import new_cache
 
-    if os.environ.get(ENV, "").strip() == "0":
-        return f"turned off ({ENV}=0)"
     kind = getattr(model.config, "model_type", type(model).__name__)
     variant = FAMILIES.get(kind)
     if variant is None:
@@ -173,7 +175,7 @@ def install(model) -> str | None:
 
     if not native.loaded():
         return "the native kernels are not loaded"
-    reason = problem(model)
+    reason = chosen() or problem(model)
     if reason is not None:
         return reason
     tensors, ints, floats = _arguments(model, FAMILIES[model.config.model_type])

@@ -21,6 +21,14 @@ SDPA, or the native row-invariant kernel) once per block, against that block's o
 the mask the single-sequence engine makes for it, and concatenates the outputs. No mask function is registered under this name, so transformers
 builds no (T x T) mask for the packed rows.
 
+With the native decode step installed (ragspec.decoding.native_step), `packed_forward` runs
+each block instead as the forward that sequence makes alone — `model(input_ids=(1, rows),
+cache=its own cache, logits_to_keep=...)`, exactly the call of the single-sequence engine — so
+a decode block is one native call against its own cache layers and a prompt takes the path
+its prefill takes alone: a request served beside others computes, bit for bit, what it
+computes alone (the native step rounds norms, rotary and SiLU otherwise than the modules, so
+mixing the two paths would not be exact).
+
 `packing_problem(model)` says why a model cannot be packed (None when it can): its attention
 must be plain scaled-dot-product attention reached through transformers' attention interface
 (no soft-capping, no ALiBi, no recurrent layers), and its family must be one checked by the test
@@ -188,7 +196,10 @@ def packing_problem(model) -> str | None:
 @torch.inference_mode()
 def packed_forward(model, blocks: Sequence[Block]) -> list[torch.Tensor | None]:
     """One forward over all blocks; per block: logits (rows, vocab) in fp32 for "all", (1, vocab)
-    for "last", None for "none". Each block's cache grows by its rows."""
+    for "last", None for "none". Each block's cache grows by its rows. With the native step
+    installed, one forward per block, as the sequence runs alone (see the module docstring)."""
+    if getattr(model, "_ragspec_step", None) is not None:  # native_step.installed
+        return [alone(model, block) for block in blocks]
     packed = PackedCache(blocks)
     ids, positions, keep = [], [], []
     for block, (lo, hi) in zip(blocks, packed.bounds, strict=True):
@@ -217,3 +228,12 @@ def packed_forward(model, blocks: Sequence[Block]) -> list[torch.Tensor | None]:
         results.append(logits[at : at + n] if n else None)
         at += n
     return results
+
+
+def alone(model, block: Block) -> torch.Tensor | None:
+    """`block` as the single-sequence engine's forward (ragspec.decoding.engine.forward) runs it
+    against the block's own cache: logits as packed_forward returns them."""
+    from ragspec.decoding.engine import forward
+
+    logits = forward(model, block.tokens, block.cache, logits_to_keep=0 if block.logits == "all" else 1)
+    return None if block.logits == "none" else logits
