@@ -53,8 +53,8 @@ FORMATS: dict[str, tuple[int, int, int]] = {
 # each format's 2-byte fields at the start and end of a block (every other field is 4 bytes).
 TILE_ROWS = 16
 TILED_BIT = 32
-TILEABLE = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-_HALVES = {"Q4_0": (1, 0), "Q8_0": (1, 0), "Q6_K": (0, 1)}
+TILEABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+_HALVES = {"Q4_0": (1, 0), "Q5_0": (1, 0), "Q8_0": (1, 0), "Q6_K": (0, 1)}
 # Forwards over at most this many rows are steps (decode, verify); longer ones are prefills.
 STEP_ROWS = 64
 # Prefill de-quantises at most this many values of a weight at a time.

@@ -28,7 +28,7 @@ import torch
 
 NAME = "ragspec_kernels"
 SOURCES = ("qmatmul.cpp", "attention.cpp", "step.cpp")
-HEADERS = ("formats.h", "kernels.h", "tiled.h")
+HEADERS = ("formats.h", "kernels.h", "simd.h", "tiled.h")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp")
 # -ffp-contract=off: only the fused multiply-adds written in the source are fused, so the
 # compiler cannot fuse differently in two instantiations of a kernel (batch invariance).

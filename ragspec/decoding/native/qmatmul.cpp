@@ -50,9 +50,49 @@ namespace rs {
 // Activations (kernels.h) hold the rows of x as int8 groups for quantised formats.
 using QRows = Activations;
 
+#ifdef RS_AVX2
+static inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+#endif
+
+// One row as int8 groups. Every step is exact or one IEEE operation per value (max, a division,
+// a product rounded to the nearest integer, ties to even, integer sums), so the vector path
+// gives the bytes of the scalar one.
 static void quantise_row(const float* x, int64_t k, int8_t* q, float* d, float* dsum, int32_t* qsum16) {
   for (int64_t g = 0; g < k / 32; ++g) {
     const float* xs = x + 32 * g;
+#ifdef RS_AVX2
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xs + 8 * j);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float vscale = _mm_cvtss_f32(m4) / 127.0f;
+    const __m256 vinv = _mm256_set1_ps(vscale > 0.0f ? 1.0f / vscale : 0.0f);
+    __m256i iv[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vinv));  // nearest, ties to even
+      iv[j] = _mm256_min_epi32(_mm256_max_epi32(r, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+    }
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * g),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const int32_t h0 = hsum_epi32(_mm256_add_epi32(iv[0], iv[1])), h1 = hsum_epi32(_mm256_add_epi32(iv[2], iv[3]));
+    d[g] = vscale;
+    dsum[g] = vscale * float(h0 + h1);
+    qsum16[2 * g] = h0;
+    qsum16[2 * g + 1] = h1;
+    continue;
+#endif
     float amax = 0.0f;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xs[i]));
     const float scale = amax / 127.0f;

@@ -28,9 +28,14 @@
 #include <vector>
 
 #include "kernels.h"
+#include "simd.h"
 
 namespace rs {
 namespace {
+
+using simd::F16;
+using simd::map16;
+using simd::part;
 
 using Clock = std::chrono::steady_clock;
 
@@ -56,17 +61,37 @@ struct Job {
   float* y;
 };
 
-// y = x / sqrt(mean(x²) + eps) · (w + offset) for m rows of n values (row strides sx, sy).
+// y = x / sqrt(mean(x²) + eps) · (w + offset) for m rows of n values (row strides sx, sy; y may
+// be x).
 void rms_norm(const float* x, int64_t sx, int64_t m, int64_t n, const float* w, float eps, float offset,
               float* y, int64_t sy) {
+  const F16 off = F16::set(offset);
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * sx;
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * double(xr[i]);
-    const float inv = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
-    float* yr = y + r * sy;
-    for (int64_t i = 0; i < n; ++i) yr[i] = (w[i] + offset) * (xr[i] * inv);
+    const F16 inv = F16::set(1.0f / std::sqrt(simd::sum_squares(xr, n) / float(n) + eps));
+    map16(n, y + r * sy, [&](int64_t i, int64_t c) { return (part(w, i, c) + off) * (part(xr, i, c) * inv); });
   }
+}
+
+// x[i] *= s for n values.
+void scale(float* x, int64_t n, float s) {
+  const F16 f = F16::set(s);
+  map16(n, x, [&](int64_t i, int64_t c) { return part(x, i, c) * f; });
+}
+
+// h[i] += d[i] · s for n values (the residual).
+void add_scaled(float* h, const float* d, int64_t n, float s) {
+  const F16 f = F16::set(s);
+  map16(n, h, [&](int64_t i, int64_t c) { return part(h, i, c) + part(d, i, c) * f; });
+}
+
+// g[i] = SiLU(g[i]) · u[i] = g / (1 + e^−g) · u for n values.
+void silu_mul(float* g, const float* u, int64_t n) {
+  const F16 one = F16::set(1.0f), zero = F16::set(0.0f);
+  map16(n, g, [&](int64_t i, int64_t c) {
+    const F16 x = part(g, i, c);
+    return x / (one + simd::exp(zero - x)) * part(u, i, c);
+  });
 }
 
 }  // namespace
@@ -134,8 +159,7 @@ class StepModel : public torch::CustomClassHolder {
     }
     at::Tensor h = x_in.to(at::kFloat).contiguous().clone();
     float* hp = h.data_ptr<float>();
-    if (embed_mult_ != 1.0f)
-      for (int64_t i = 0; i < T * hidden_; ++i) hp[i] *= embed_mult_;
+    if (embed_mult_ != 1.0f) scale(hp, T * hidden_, embed_mult_);
     const int64_t wide = std::max({hidden_, qd, inter_});
     std::vector<float> n(T * wide), q(T * qd), k(T * kvd), v(T * kvd), att(T * qd), g(T * inter_),
         u(T * inter_), out(T * hidden_);
@@ -169,12 +193,12 @@ class StepModel : public torch::CustomClassHolder {
         }
       attend(q.data(), kb, vb, cap, T, start, att.data());
       products(att.data(), T, {{&a1, &L.o, out.data()}});
-      for (int64_t i = 0; i < T * hidden_; ++i) hp[i] += out[i] * resid_mult_;
+      add_scaled(hp, out.data(), T * hidden_, resid_mult_);
       rms_norm(hp, hidden_, T, hidden_, L.mlp_norm.data_ptr<float>(), eps_, norm_offset_, n.data(), hidden_);
       products(n.data(), T, {{&a1, &L.gate, g.data()}, {&a2, &L.up, u.data()}});
-      for (int64_t i = 0; i < T * inter_; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      silu_mul(g.data(), u.data(), T * inter_);
       products(g.data(), T, {{&a1, &L.down, out.data()}});
-      for (int64_t i = 0; i < T * hidden_; ++i) hp[i] += out[i] * resid_mult_;
+      add_scaled(hp, out.data(), T * hidden_, resid_mult_);
     }
     const int64_t first = T - keep;
     rms_norm(hp + first * hidden_, hidden_, keep, hidden_, final_norm_.data_ptr<float>(), eps_, norm_offset_,
@@ -182,8 +206,7 @@ class StepModel : public torch::CustomClassHolder {
     at::Tensor logits = at::empty({keep, vocab_}, h.options());
     float* lp = logits.data_ptr<float>();
     products(n.data(), keep, {{&a1, &head_, lp}});
-    if (logit_mult_ != 1.0f)
-      for (int64_t i = 0; i < keep * vocab_; ++i) lp[i] *= logit_mult_;
+    if (logit_mult_ != 1.0f) scale(lp, keep * vocab_, logit_mult_);
     calls_ += 1;
     total_ns_ += since(t0);
     return logits;
@@ -248,8 +271,7 @@ class StepModel : public torch::CustomClassHolder {
       if (!job.lin->has_bias()) continue;
       const float* bp = job.lin->bias.data_ptr<float>();
       const int64_t n = job.lin->w.n;
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t c = 0; c < n; ++c) job.y[r * n + c] += bp[c];
+      for (int64_t r = 0; r < m; ++r) add_scaled(job.y + r * n, bp, n, 1.0f);
     }
     matmul_ns_ += since(t0);
   }
@@ -262,10 +284,11 @@ class StepModel : public torch::CustomClassHolder {
         float* p = x + (r * heads + hh) * head_dim_;
         const float* c = cs.data() + r * half;
         const float* s = sn.data() + r * half;
-        for (int64_t i = 0; i < half; ++i) {
-          const float x1 = p[i], x2 = p[i + half];
-          p[i] = x1 * c[i] - x2 * s[i];
-          p[i + half] = x2 * c[i] + x1 * s[i];
+        for (int64_t i = 0; i < half; i += 16) {
+          const int64_t n = std::min<int64_t>(16, half - i);
+          const F16 x1 = part(p, i, n), x2 = part(p + half, i, n), ci = part(c, i, n), si = part(s, i, n);
+          simd::put(x1 * ci - x2 * si, p, i, n);
+          simd::put(x2 * ci + x1 * si, p + half, i, n);
         }
       }
   }

@@ -1,6 +1,7 @@
 // Row-interleaved ("tiled") weights and the AVX-512 VNNI kernel that multiplies them.
 //
-// Layout. A weight of N rows in one of the tileable formats (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K)
+// Layout. A weight of N rows in one of the tileable formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+// Q5_K, Q6_K)
 // keeps its bytes and its (N, row_bytes) shape; the first 16·⌊N/16⌋ rows are regrouped in tiles
 // of 16 rows. A tile holds its 16 rows block by block, and inside a block each field of the
 // format (a 2-byte fp16 scale, or 4 bytes of quants or packed scales) of the 16 rows side by
@@ -34,11 +35,14 @@ constexpr int kTileRows = 16;
 constexpr int kTiledBit = 32;
 
 inline bool tileable(int fmt) {
-  return fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0 || fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
+  return fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0 || fmt == Q4_K ||
+         fmt == Q5_K || fmt == Q6_K;
 }
 
 // 2-byte fields at the start and the end of a block; every other field is 4 bytes.
-inline int head_halves(int fmt) { return fmt == Q4_0 || fmt == Q8_0 ? 1 : fmt == Q6_K ? 0 : 2; }
+inline int head_halves(int fmt) {
+  return fmt == Q4_0 || fmt == Q5_0 || fmt == Q8_0 ? 1 : fmt == Q6_K ? 0 : 2;
+}
 inline int tail_halves(int fmt) { return fmt == Q6_K ? 1 : 0; }
 
 // Calls f(start, width) for each field of a block, in order.
@@ -96,6 +100,15 @@ static inline __m512i byte_of(__m512i v, int i) {
   return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(0xff));
 }
 
+// Q5_0 / Q5_1: the fifth bits of values 4i..4i+3 (bits 4i..4i+3 of each lane's 32-bit qh) moved
+// to bit 4 of the lane's bytes 0..3. Multiplying the nibble by 1 + 2^7 + 2^14 + 2^21 puts its bit b
+// at bit 8b (the four copies do not overlap, so nothing carries).
+static inline __m512i fifth_bits(__m512i qh, int i) {
+  const __m512i nib = _mm512_and_si512(_mm512_srli_epi32(qh, 4 * i), _mm512_set1_epi32(0x0f));
+  const __m512i spread = _mm512_mullo_epi32(nib, _mm512_set1_epi32(0x00204081));
+  return _mm512_and_si512(_mm512_slli_epi32(spread, 4), _mm512_set1_epi32(0x10101010));
+}
+
 // The scales (d·sc) and offsets (−dmin·m) of the eight groups of a Q4_K / Q5_K block, 16 columns each.
 static inline void k_scales(const uint8_t* tb, __m512* sc, __m512* mn) {
   const __m512 d = halves16(tb), dmin = halves16(tb + 32);
@@ -132,7 +145,8 @@ template <int FMT, int R>
 static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int64_t r0, float* y,
                  int64_t ldy, __mmask16 cols) {
   constexpr int BB = block_bytes(FMT), PB = block_elems(FMT) / 32;
-  constexpr bool KQ = FMT == Q4_K || FMT == Q5_K, OFFSET = FMT == Q4_1 || KQ;
+  constexpr bool KQ = FMT == Q4_K || FMT == Q5_K, Q5 = FMT == Q5_0 || FMT == Q5_1;
+  constexpr bool OFFSET = FMT == Q4_1 || FMT == Q5_1 || KQ;
   const int64_t k = x.k, G = k / 32, blocks = row_bytes / BB;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -155,6 +169,17 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
         }
         s0 = halves16(tb);
         if (FMT == Q4_1) off = halves16(tb + 32);
+      } else if (Q5) {  // d, [m], 4 bytes of fifth bits, 16 bytes of nibbles
+        const int at = FMT == Q5_0 ? 2 : 4;
+        const __m512i qh = ld(tb + kTileRows * at);
+        const uint8_t* q = tb + kTileRows * (at + 4);
+        for (int i = 0; i < 4; ++i) {
+          const __m512i v = ld(q + 64 * i);
+          w[i] = _mm512_or_si512(lo4(v), fifth_bits(qh, i));
+          w[i + 4] = _mm512_or_si512(hi4(v), fifth_bits(qh, i + 4));
+        }
+        s0 = halves16(tb);
+        if (FMT == Q5_1) off = halves16(tb + 32);
       } else if (FMT == Q8_0) {
         for (int i = 0; i < 8; ++i) w[i] = ld(tb + kTileRows * 2 + 64 * i);
         s0 = halves16(tb);
@@ -200,6 +225,7 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
         __m512i dot = _mm512_setzero_si512();
         for (int i = 0; i < 8; ++i) dot = _mm512_dpbusd_epi32(dot, w[i], bcast4(xq + 4 * i));
         if (FMT == Q4_0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * (qs[0] + qs[1])));
+        if (FMT == Q5_0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(16 * (qs[0] + qs[1])));
         if (FMT == Q8_0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * (qs[0] + qs[1])));
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s0, xd), acc[r]);
         if (OFFSET) acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(x.dsum[row * G + g]), acc[r]);
@@ -238,6 +264,8 @@ inline void tiled_columns(const Activations& x, const WeightView& w, int64_t n0,
     switch (w.fmt) {
       case Q4_0: tiled::tile_rows<Q4_0>(tp, w.row_bytes, x, yc, ldy, cols); break;
       case Q4_1: tiled::tile_rows<Q4_1>(tp, w.row_bytes, x, yc, ldy, cols); break;
+      case Q5_0: tiled::tile_rows<Q5_0>(tp, w.row_bytes, x, yc, ldy, cols); break;
+      case Q5_1: tiled::tile_rows<Q5_1>(tp, w.row_bytes, x, yc, ldy, cols); break;
       case Q8_0: tiled::tile_rows<Q8_0>(tp, w.row_bytes, x, yc, ldy, cols); break;
       case Q4_K: tiled::tile_rows<Q4_K>(tp, w.row_bytes, x, yc, ldy, cols); break;
       case Q5_K: tiled::tile_rows<Q5_K>(tp, w.row_bytes, x, yc, ldy, cols); break;
