@@ -22,7 +22,9 @@ Strategies (one draft policy shared across the questions of a set, as in `ragspe
   governed       occurrences + the DraftGovernor (what the engine does now);
   tree-A-m       governed + A other occurrences' continuations of m tokens verified in the
                  same forward (a token tree: a projection, the engine verifies one draft);
+  followed       governed + the copy follower (DraftConfig.follow: ragspec's default now);
   perfect        each proposal cut exactly where the model diverges (the best length policy);
+  perfect-followed  the same with the copy follower's proposals;
   oracle         the true continuation, max_draft tokens at a time.
 --trace adds, for engine-before and governed, the count of missed tokens by cause.
 """
@@ -33,14 +35,15 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 
 from ragspec.decoding import draftsim
 from ragspec.decoding.policy import DraftGovernor, DraftPolicy, ForwardCost
 from ragspec.decoding.types import DraftConfig
 
 QUOTED_COST_MS = "1:22.5,2:24.3,4:30.6,8:52.7,16:92.6"
-STRATEGIES = ("engine-before", "occurrences", "governed", "tree-1-2", "tree-2-2", "perfect",
-              "oracle")
+STRATEGIES = ("engine-before", "occurrences", "governed", "tree-1-2", "tree-2-2", "followed",
+              "perfect", "perfect-followed", "oracle")
 OCCURRENCES = 8
 
 
@@ -93,7 +96,8 @@ def run_strategy(name: str, rows: list[dict], cost: ForwardCost, cfg: DraftConfi
                  trace: bool, budget: float = 1.0) -> list[draftsim.Walk]:
     if name == "oracle":
         return [None] * len(rows)
-    policy = None if name == "perfect" else DraftPolicy(cfg, cost)
+    cfg = replace(cfg, follow=name.endswith("followed"))
+    policy = None if name.startswith("perfect") else DraftPolicy(cfg, cost)
     walks = []
     for row in rows:
         prompt, truth = row["prompt_ids"], row["answer_ids"]
@@ -101,7 +105,7 @@ def run_strategy(name: str, rows: list[dict], cost: ForwardCost, cfg: DraftConfi
         alternatives = int(name.split("-")[1]) if name.startswith("tree-") else 0
         alt_tokens = int(name.split("-")[2]) if alternatives else 0
         governor = (DraftGovernor(cost, budget=budget)
-                    if name.startswith(("governed", "tree-")) else None)
+                    if name.startswith(("governed", "tree-", "followed")) else None)
         walks.append(draftsim.walk(prompt, truth, cost, cfg, policy, trace=trace,
                                    alternatives=alternatives, alt_tokens=alt_tokens,
                                    governor=governor,
@@ -134,7 +138,7 @@ def walk_command(args) -> None:
     table: dict[str, list[dict]] = {}
     causes: dict[str, dict] = {}
     for name in STRATEGIES:
-        traced = args.trace and name in ("engine-before", "governed")
+        traced = args.trace and name in ("engine-before", "governed", "followed")
         walks = run_strategy(name, rows, cost, cfg, traced, args.budget)
         out = []
         for row, w in zip(rows, walks, strict=True):

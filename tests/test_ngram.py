@@ -110,3 +110,49 @@ def test_bad_arguments_raise_value_error():
         NgramIndex(min_n=3, max_n=2)
     with pytest.raises(ValueError):
         NgramIndex(occurrences=0)
+
+
+def _after_copy(prompt, first, written, follow):
+    """The drafter as the engine drives it: the answer's first token, one proposal, then the
+    tokens the verify committed (accepted draft tokens and the model's own), then a proposal."""
+    index = NgramIndex(prompt, min_n=1, max_n=4, follow=follow)
+    index.append(first)
+    index.propose(4)
+    index.extend(written)
+    return index.propose(4)
+
+
+def test_follower_skips_a_replaced_word_and_goes_on_copying():
+    prompt = [10, 11, 12, 13, 14, 15, 16, 17]
+    # the model copied 11 12 from the draft, then wrote 99 where the passage has 13
+    m = _after_copy(prompt, 10, [11, 12, 99], follow=True)
+    assert m is not None and m.kind == "skip"
+    assert m.origin == 4 and m.tokens == [14, 15, 16, 17]
+    assert _after_copy(prompt, 10, [11, 12, 99], follow=False) is None
+
+
+def test_follower_resumes_a_copy_that_left_out_a_word():
+    # 14 occurs twice: the plain suffix match takes the latest place; the follower the copy's
+    prompt = [10, 11, 12, 13, 14, 15, 16, 17, 14, 30, 31]
+    m = _after_copy(prompt, 10, [11, 12, 14], follow=True)
+    assert m.kind == "follow" and m.origin == 5 and m.tokens == [15, 16, 17, 14]
+    plain = _after_copy(prompt, 10, [11, 12, 14], follow=False)
+    assert plain.origin == 9 and plain.tokens[:2] == [30, 31]
+
+
+def test_follower_gives_up_on_a_copy_left_behind():
+    prompt = [10, 11, 12, 13, 14, 15, 16, 17]
+    m = _after_copy(prompt, 10, [11, 12, 99, 98, 97, 96], follow=True)
+    assert m is None  # past skip_steps tokens after the break nothing is proposed from it
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=60), st.integers(1, 6))
+def test_followed_proposals_are_slices_of_the_sequence(seq, max_tokens):
+    index = NgramIndex(min_n=1, max_n=3, follow=True)
+    for i, t in enumerate(seq):
+        index.append(t)
+        m = index.propose(max_tokens)
+        if m is None:
+            continue
+        assert 0 < m.origin <= i
+        assert m.tokens == seq[: i + 1][m.origin : m.origin + max_tokens]

@@ -141,7 +141,7 @@ def walk(prompt: list[int], truth: list[int], cost: ForwardCost, draft_cfg: Draf
     draft. governor: this generation's DraftGovernor, applied as the engine does. occurrences:
     the drafter's NgramIndex setting. trace: compute the hindsight bounds of every step."""
     index = NgramIndex(prompt, min_n=draft_cfg.min_ngram, max_n=draft_cfg.max_ngram,
-                       occurrences=occurrences)
+                       occurrences=occurrences, follow=draft_cfg.follow)
     index.append(truth[0])
     out = Walk()
     pos = 1

@@ -205,7 +205,8 @@ class GenerationStream:
                         if config.draft.enabled and forced is None else None)
         self._index = NgramIndex(prompt, min_n=config.draft.min_ngram,
                                  max_n=config.draft.max_ngram,
-                                 occurrences=config.draft.occurrences)
+                                 occurrences=config.draft.occurrences,
+                                 follow=config.draft.follow)
         # per generation: what drafts may lose to plain steps (None: unbounded)
         self._governor = (DraftGovernor(self._policy.cost)
                           if self._policy is not None and config.draft.adaptive

@@ -50,15 +50,18 @@ class Match:
     extended: int
     origin: int
     tokens: list[int]
+    kind: str = "suffix"
 
 
 class NgramIndex:
     """Latest-occurrence index of n-grams, min_n <= n <= max_n, over a growing sequence."""
 
     extend_cap = 64
+    window = 8  # how far past a broken copy the follower looks for it to resume
+    skip_steps = 3  # how many tokens after a broken copy a skip proposal is still made
 
     def __init__(self, tokens: list[int] | tuple[int, ...] = (), *, min_n: int = 1, max_n: int = 4,
-                 occurrences: int = 1):
+                 occurrences: int = 1, follow: bool = False):
         if occurrences < 1:
             raise ValueError(f"occurrences must be >= 1, got {occurrences}")
         if min_n < 1:
@@ -68,7 +71,14 @@ class NgramIndex:
         self.min_n = min_n
         self.max_n = max_n
         self.occurrences = occurrences
+        self.follow = follow
         self.tokens: list[int] = []
+        # the copy follower (follow=True): _next is the position whose token the copy under way
+        # expects next; _broken where a copy stopped agreeing, _since tokens written since
+        self._next: int | None = None
+        self._broken: int | None = None
+        self._since = 0
+        self._run = 0  # tokens the followed copy has agreed with since it was proposed
         # _ends[n][ngram] = end positions (inclusive) of the occurrences that have a
         # continuation, i.e. end < len(tokens) - 1, in increasing order.
         self._ends: dict[int, dict[tuple[int, ...], list[int]]] = {
@@ -87,6 +97,28 @@ class NgramIndex:
             for n in range(self.min_n, min(self.max_n, end + 1) + 1):
                 self._ends[n].setdefault(tuple(toks[end - n + 1 : end + 1]), []).append(end)
         toks.append(int(token))
+        if self.follow:
+            self._advance(int(token))
+
+    def _advance(self, token: int) -> None:
+        """Move the copy follower past the token just appended."""
+        toks, nxt = self.tokens, self._next
+        if nxt is not None and nxt < len(toks) - 1 and toks[nxt] == token:
+            self._next, self._run = nxt + 1, self._run + 1
+            return
+        if nxt is not None and self._run > 0:  # a copy that was under way broke off
+            self._broken, self._since = nxt, 0
+        self._next = None
+        if self._broken is None:
+            return
+        self._since += 1
+        stop = min(self._broken + self.window, len(toks) - 1)
+        for q in range(self._broken, stop):  # the copy resumes a few tokens on
+            if toks[q] == token:
+                self._next, self._broken, self._run = q + 1, None, 1
+                return
+        if self._since > self.window:
+            self._broken = None
 
     def extend(self, tokens) -> None:
         for t in tokens:
@@ -103,10 +135,44 @@ class NgramIndex:
 
     def propose(self, max_tokens: int) -> Match | None:
         """Longest suffix (max_n down to min_n) seen before; among its latest `occurrences`
-        places the one agreeing furthest back, the latest among equals.
+        places the one agreeing furthest back, the latest among equals. With follow=True the
+        copy follower may propose instead (see `_followed`).
 
-        Returns None when no suffix of length >= min_n occurred earlier.
+        Returns None when no suffix of length >= min_n occurred earlier (and nothing is
+        followed).
         """
+        match = self._suffix_match(max_tokens)
+        if self.follow:
+            match = self._followed(match, max_tokens)
+            if match is not None and (match.kind != "suffix" or match.extended >= 2
+                                      or self._broken is None):
+                self._next, self._run = match.origin, 0
+        return match
+
+    prefer_follow = True  # the followed copy wins ties with the suffix match
+    skip_below = 2  # a skip proposal replaces suffix matches agreeing less far back than this
+
+    def _followed(self, match: Match | None, max_tokens: int) -> Match | None:
+        """The copy follower's proposal, when it beats the suffix match: the copy under way
+        (its next token), or, a few tokens after a copy broke off, the copy one token past the
+        break (the model replaced a word and goes on quoting)."""
+        toks = self.tokens
+        if self._next is not None and self._next < len(toks):
+            start = self._next
+            extended = self._agreement(start - 1, 0)
+            if match is None or extended > match.extended or (
+                    self.prefer_follow and extended == match.extended):
+                return Match(n=0, extended=extended, origin=start,
+                             tokens=toks[start : start + max(0, max_tokens)], kind="follow")
+        elif (self._broken is not None and 1 <= self._since <= self.skip_steps
+              and self._broken + 1 < len(toks)):
+            if match is None or match.extended < self.skip_below:
+                start = self._broken + 1
+                return Match(n=0, extended=0, origin=start,
+                             tokens=toks[start : start + max(0, max_tokens)], kind="skip")
+        return match
+
+    def _suffix_match(self, max_tokens: int) -> Match | None:
         toks = self.tokens
         length = len(toks)
         for n in range(min(self.max_n, length), self.min_n - 1, -1):

@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from ragspec.decoding.ngram import Match
 from ragspec.decoding.types import DraftConfig
 
-# Upper bounds (inclusive) of the evidence buckets over Match.extended.
-_BUCKETS = (1, 2, 3, 5, 8, 12, 20, 32, 10**9)
+# Upper bounds (inclusive) of the evidence buckets over Match.extended. Bucket 0 holds the
+# proposals with no agreeing history at all (the copy follower's skips past a replaced word).
+_BUCKETS = (0, 1, 2, 3, 5, 8, 12, 20, 32, 10**9)
+_SKIP_PRIOR = 0.25
 _PRIOR_STRENGTH = 4.0
 
 
@@ -106,8 +108,8 @@ class AcceptanceModel:
     def prior(bucket: int, position: int = 0) -> float:
         # first token: e/(e+2) at the bucket's lower edge (1 -> 0.33, 2 -> 0.5, 4 -> 0.67, ...);
         # the miss chance then shrinks by _DECAY per accepted token
-        low = 1 if bucket == 0 else _BUCKETS[bucket - 1] + 1
-        first = low / (low + 2.0)
+        low = _BUCKETS[bucket - 1] + 1 if bucket else 0
+        first = low / (low + 2.0) if low else _SKIP_PRIOR
         return 1.0 - (1.0 - first) * _DECAY ** min(position, _POSITIONS - 1)
 
     def rate(self, extended: int, position: int = 0) -> float:

@@ -186,6 +186,9 @@ class DraftConfig:
         when False, always draft as many tokens as the match offers (up to max_draft).
     occurrences: how many of the latest earlier occurrences of the matched suffix the drafter
         compares, copying from the one whose history agrees furthest back (1: the latest).
+    follow: keep following the place a draft was copied from (ragspec.decoding.ngram): the
+        copy under way proposes its next tokens, and just after the model replaced a word of
+        it, the copy from one word on.
     governed: bound what drafts may lose to plain decoding in one generation (with adaptive;
         ragspec.decoding.policy.DraftGovernor): a generation that drafts badly falls back to
         plain steps.
@@ -198,6 +201,7 @@ class DraftConfig:
     adaptive: bool = True
     occurrences: int = 8
     governed: bool = True
+    follow: bool = True
 
     def __post_init__(self) -> None:
         if self.min_ngram < 1:
