@@ -38,7 +38,8 @@ def test_ingest_json_lists_added_then_unchanged_and_exits_zero(home):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)  # progress went to stderr: stdout is pure JSON
     assert set(report) == {"added", "updated", "unchanged", "failed", "links_not_followed",
-                           "encodings"}
+                           "encodings", "ocr_pages"}
+    assert report["ocr_pages"] == []  # the corpus has text only: OCR read no page
     assert len(report["added"]) == len(list(CORPUS.iterdir())) and report["failed"] == []
     assert (home / "index" / "index.faiss").exists()
     again = json.loads(run("ingest", str(CORPUS), "--json").stdout)
