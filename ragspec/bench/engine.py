@@ -148,8 +148,7 @@ def _ragspec(spec: dict) -> dict:
         model = packing.build(None, packing.load(Path(scratch) / packing.PACKED_FILE),
                               packing.meta_model_from_config(config(spec["shape"])))
         install(model, native=True)
-        if native_step.chosen() is None:  # as the product loads a packed model (RAGSPEC_NATIVE_STEP)
-            native_step.install(model)
+        native_step.install(model)  # as the product loads a packed model (RAGSPEC_NATIVE_STEP)
         load = time.perf_counter() - start
         return _ragspec_times(model, spec, load, packed_bytes(model), new_cache, crop_cache,
                               step_forward)

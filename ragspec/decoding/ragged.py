@@ -46,6 +46,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ragspec.decoding.attention import gqa_sdpa_forward
+from ragspec.decoding import native_step
 from ragspec.decoding.cache import GrowingLayer, SlidingLayer
 
 NAME = "ragspec_packed"
@@ -198,7 +199,7 @@ def packed_forward(model, blocks: Sequence[Block]) -> list[torch.Tensor | None]:
     """One forward over all blocks; per block: logits (rows, vocab) in fp32 for "all", (1, vocab)
     for "last", None for "none". Each block's cache grows by its rows. With the native step
     installed, one forward per block, as the sequence runs alone (see the module docstring)."""
-    if getattr(model, "_ragspec_step", None) is not None:  # native_step.installed
+    if native_step.installed(model):
         return [alone(model, block) for block in blocks]
     packed = PackedCache(blocks)
     ids, positions, keep = [], [], []
