@@ -45,8 +45,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ragspec.decoding.attention import gqa_sdpa_forward
 from ragspec.decoding import native_step
+from ragspec.decoding.attention import gqa_sdpa_forward
 from ragspec.decoding.cache import GrowingLayer, SlidingLayer
 
 NAME = "ragspec_packed"
