@@ -132,8 +132,8 @@ def test_query_terms_reject_a_negative_bound():
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
 def test_the_compiled_scorer_is_used_and_equals_numpy_to_the_last_bit(monkeypatch):
-    """`top` runs the compiled loop where a compiler is (every posting read, the same floats
-    as the numpy scorer), and MaxScore in numpy where it is switched off: the same answers."""
+    """`top` runs the compiled MaxScore where a compiler is (the same floats as the numpy
+    scorer), and MaxScore in numpy where it is switched off: the same answers."""
     assert bm25_native.scorer() is not None
     rng = random.Random(5)
     passages = _zipf_corpus(rng, 2000, 600)
@@ -141,17 +141,35 @@ def test_the_compiled_scorer_is_used_and_equals_numpy_to_the_last_bit(monkeypatc
     for pid, _ in rng.sample(passages, 200):
         index.remove(pid)
     queries = _queries(rng, passages, 80)
-    added = []
-    real = bm25_native.Accumulator.add
-    monkeypatch.setattr(bm25_native.Accumulator, "add",
-                        lambda self, rows, *rest: added.append(len(rows)) or
-                        real(self, rows, *rest))
+    calls = []
+    real = bm25_native.Native.top
+    monkeypatch.setattr(bm25_native.Native, "top",
+                        lambda self, *args: calls.append(1) or real(self, *args))
     _assert_same(index, queries, ks=(1, 5, 50))
-    assert sum(added) > 0
+    assert calls
     monkeypatch.setattr(bm25, "scorer", lambda: None)  # no compiler: MaxScore in numpy
-    added.clear()
+    calls.clear()
     _assert_same(index, queries[:20], ks=(1, 5, 50))
-    assert not added
+    assert not calls
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+def test_the_compiled_scorer_skips_a_common_words_postings():
+    """Document-at-a-time MaxScore in C: once the rare word's row fills the top 1, the common
+    word's list is galloped over for that row, not read; with removals and several segments."""
+    passages = [(f"p{i:05d}", "common " + ("rare" if i % 5000 == 17 else f"x{i}"))
+                for i in range(20_000)]
+    index = BM25Index()
+    for start in range(0, 20_000, 7000):  # several segments of the common word's list
+        index.add_many(passages[start:start + 7000])
+        index.top("warm", 1)
+    index.remove("p05017")
+    native = bm25_native.scorer()
+    for k in (1, 3):
+        assert index.top("rare common", k) == index.top_exhaustive("rare common", k)
+        assert native.visited < 1000, native.visited  # against 20,000 postings of "common"
+    assert [pid for pid, _ in index.top("rare common", 3)] == ["p00017", "p10017", "p15017"]
+    assert index.top("common", 2) == index.top_exhaustive("common", 2)
 
 
 def test_adding_a_batch_gives_the_index_adding_one_by_one_gives():

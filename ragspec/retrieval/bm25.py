@@ -18,10 +18,11 @@ Contract:
     ids; `from_bytes` needs them in the same order and checks every array against the others.
 
 How it scales: postings live in a few sorted numpy segments (term id, row, count;
-bm25_postings.py). `top` scores every posting of the query's tokens in a compiled loop
-(bm25_native.py: the same float operations as numpy, so the same bits) into reused arrays and
-selects the k best; where no C compiler is, it is exact MaxScore in numpy (bm25_maxscore.py:
-rare tokens' lists read whole, common tokens' lists probed for the passages already found).
+bm25_postings.py). `top` runs exact MaxScore document at a time, wholly in
+C (bm25_native.py: term lookups, list traversal with galloping skips over common words' lists,
+a k-best heap, and the survivors re-scored with the same float operations as numpy, so the same
+bits); where no C compiler is, it is exact MaxScore in numpy (bm25_maxscore.py: rare tokens'
+lists read whole, common tokens' lists probed for the passages already found).
 `top_maxscore` and `top_exhaustive` (every posting, numpy) give the same answer, bit for bit,
 and are the references `top` is tested against. Adds
 collect in compact pending arrays that become a segment at the next search (or when they grow
@@ -41,7 +42,6 @@ from __future__ import annotations
 import io
 import logging
 import re
-import threading
 from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
 
@@ -82,9 +82,6 @@ class BM25Index:
         self._dead_postings = 0
         self._postings = 0
         self._norm: np.ndarray | None = None  # K1 * (1 - B + B * length / average), per row
-        # Reused score arrays for `top` (zeroed again after each search), under a lock.
-        self._scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._scratch_lock = threading.Lock()
 
     @classmethod
     def build(cls, passages: Iterable[tuple[str, str]]) -> BM25Index:
@@ -175,8 +172,8 @@ class BM25Index:
 
     def top(self, query: str, k: int) -> list[tuple[str, float]]:
         """The k best (id, score) pairs, best first; ties in id order, so results are stable.
-        The same answer as `top_exhaustive`: every posting of the query's tokens scored by the
-        compiled loop (bm25_native.py), or by MaxScore in numpy where no C compiler is."""
+        The same answer as `top_exhaustive`: MaxScore in C (bm25_native.py), or in numpy where
+        no C compiler is."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if self._total_length == 0:
@@ -185,21 +182,18 @@ class BM25Index:
         if native is None:
             return self.top_maxscore(query, k)
         self._seal()
-        norms = self._norms(len(self._row_of))
-        with self._scratch_lock:
-            size = len(self._pids)
-            if self._scratch is None or len(self._scratch[0]) < size:
-                self._scratch = (np.zeros(size), np.zeros(size, dtype=np.uint8),
-                                 np.zeros(size, dtype=np.int64))
-            scores, touched, order = self._scratch
-            count = 0
-            for idf, lists in self._live_lists(query):
-                for _, _, rows, tfs in lists:
-                    count = native.add(rows, tfs, idf, norms, scores, touched, order, count)
-            rows = order[:count].copy()
-            found = scores[rows]
-            scores[rows] = 0.0  # leave the scratch clean for the next search
-            touched[rows] = 0
+        n = len(self._row_of)
+        average = self._total_length / n
+        lengths = self._lengths.view()
+        scales, bests = [], []
+        for segment in self._segments:
+            a0, best = segment.bounds(lengths, average)
+            scales.append(max(1.0, average / a0))
+            bests.append(best)
+        terms = [t for token in sorted(set(tokenize(query)))
+                 if (t := self._vocabulary.get(token)) is not None]
+        rows, found = native.top(self._segments, scales, bests, terms, n, self._norms(n),
+                                 self._alive.view() if self._dead_postings else None, k)
         if len(rows) > k:  # everything at least the k-th best, so ties are ordered by id
             keep = found >= np.partition(found, len(found) - k)[len(found) - k]
             rows, found = rows[keep], found[keep]

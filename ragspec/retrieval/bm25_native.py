@@ -1,12 +1,15 @@
-"""The exhaustive BM25 scorer's inner loop in C, compiled on first use; numpy when it cannot be.
+"""Exact top-k BM25 in C (MaxScore, document at a time), compiled on first use; None when it
+cannot be (the caller then searches in numpy, with the same result).
 
-Contract: `scorer()` returns an `Accumulator` (or None when no C compiler is found or the build
-fails: the caller then scores in numpy, with the same result). `Accumulator.add(rows, tfs,
-idf, norms, scores, touched, touched_rows, n_touched)` adds one term's BM25 contribution
-(bm25_postings.contribution) to `scores[rows]` with the same floating-point operations in the
-same order as numpy does, so the scores are equal to the last bit; it also lists each newly
-touched row. Every row in `rows` must be below len(norms) (the caller's postings refer to its
-own rows; the loop does not check each one). It imports only ragspec.paths and bm25_postings' constants.
+Contract: `scorer()` returns a `Native` (or None when no C compiler is found or the build
+fails). `Native.top(segments, scales, bests, terms, n, norms, alive, k)` finds the term ids'
+posting ranges in each segment (binary search in C), counts their live document frequencies,
+takes idf as the numpy scorers do, and runs MaxScore wholly in C (bm25_native.c): it returns
+every row whose score is at least the k-th best, each with the score the exhaustive numpy
+scorer gives it to the last bit (the same float operations, summed in the order of `terms`).
+Every row the segments hold must be below len(norms) and len(alive) (the caller's postings
+refer to its own rows; the C loops do not check each one). It imports only ragspec.paths,
+bm25_postings (the segments, K1) and bm25_maxscore's SLACK.
 
 The source (bm25_native.c) is compiled with the system C compiler (`$CC`, else `cc`) with -O3,
 -march=native and -ffp-contract=off (no fused multiply-add, so no rounding differs from
@@ -26,19 +29,21 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ragspec import paths
-from ragspec.retrieval.bm25_postings import K1
+from ragspec.retrieval.bm25_maxscore import SLACK
+from ragspec.retrieval.bm25_postings import K1, Segment
 
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("bm25_native.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 _lock = threading.Lock()
-_loaded: list = []  # [Accumulator | None] once tried
+_loaded: list = []  # [Native | None] once tried
 
 
 def _folder() -> Path:
@@ -55,33 +60,84 @@ def _cpu() -> str:
     return platform.machine()
 
 
-class Accumulator:
-    """The loaded C function (see the module docstring)."""
+def _pointers(arrays) -> ctypes.Array:
+    return (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
+
+
+class Native:
+    """The loaded C functions (see the module docstring)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.ragspec_bm25_accumulate
-        self._fn.restype = ctypes.c_int64
-        pointer = ctypes.c_void_p
-        self._fn.argtypes = [pointer, pointer, ctypes.c_int64, ctypes.c_double, ctypes.c_double,
-                             pointer, pointer, pointer, pointer, ctypes.c_int64]
+        p, i64, f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+        self._lookup = library.ragspec_bm25_lookup
+        self._lookup.restype = None
+        self._lookup.argtypes = [i64, p, p, p, p, p, p, i64, p, p, p, p, p, p]
+        self._maxscore = library.ragspec_bm25_maxscore
+        self._maxscore.restype = i64
+        self._maxscore.argtypes = [i64, p, p, i64, p, p, p, p, f64, p, p, i64, f64, i64, p, p, p]
+        self.visited = 0  # postings the last search read (for tests and benchmarks)
 
-    def add(self, rows: np.ndarray, tfs: np.ndarray, idf: float, norms: np.ndarray,
-            scores: np.ndarray, touched: np.ndarray, touched_rows: np.ndarray,
-            n_touched: int) -> int:
-        rows = np.ascontiguousarray(rows, dtype=np.int32)
-        tfs = np.ascontiguousarray(tfs, dtype=np.int32)
-        for array, dtype in ((norms, np.float64), (scores, np.float64), (touched, np.uint8),
-                             (touched_rows, np.int64)):
-            if array.dtype != dtype or not array.flags.c_contiguous:
-                raise TypeError(f"expected a contiguous {dtype} array, got {array.dtype}")
-        if min(len(scores), len(touched), len(touched_rows)) < len(norms):
-            raise IndexError("the score arrays must hold a place per row")
-        return int(self._fn(rows.ctypes.data, tfs.ctypes.data, len(rows), float(idf),
-                            float(K1 + 1), norms.ctypes.data, scores.ctypes.data,
-                            touched.ctypes.data, touched_rows.ctypes.data, int(n_touched)))
+    def top(self, segments: Sequence[Segment], scales: Sequence[float],
+            bests: Sequence[np.ndarray], terms: Sequence[int], n: int, norms: np.ndarray,
+            alive: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, exact scores): every row whose BM25 score over the term ids `terms` (added in
+        that order) is at least the k-th best, found by MaxScore. `n` is the number of live
+        rows (for idf), `alive` None when no row is dead; `bests[s]` and `scales[s]` are
+        segment s's per-term bounds and the factor that keeps them valid at today's average
+        length (bm25_postings.Segment.bounds)."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if norms.dtype != np.float64 or not norms.flags.c_contiguous:
+            raise TypeError("norms must be a contiguous float64 array")
+        if alive is not None and (alive.dtype != np.bool_ or not alive.flags.c_contiguous
+                                  or len(alive) < len(norms)):
+            raise TypeError("alive must be a contiguous bool array covering every row")
+        if not segments or not terms:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        n_seg, n_q = len(segments), len(terms)
+        term_ids = np.asarray(terms, dtype=np.int32)
+        bests = [np.ascontiguousarray(b, dtype=np.float64) for b in bests]
+        scale = np.asarray(scales, dtype=np.float64)
+        nterms = np.asarray([len(s.terms) for s in segments], dtype=np.int64)
+        lo = np.zeros(n_q * n_seg, dtype=np.int64)
+        hi = np.zeros(n_q * n_seg, dtype=np.int64)
+        df = np.zeros(n_q, dtype=np.int64)
+        factor = np.zeros(n_q)
+        alive_ptr = None if alive is None else alive.ctypes.data
+        rows_ptrs = _pointers([s.rows for s in segments])
+        self._lookup(n_seg, _pointers([s.terms for s in segments]), nterms.ctypes.data,
+                     _pointers([s.starts for s in segments]), rows_ptrs, _pointers(bests),
+                     scale.ctypes.data, n_q, term_ids.ctypes.data, alive_ptr, lo.ctypes.data,
+                     hi.ctypes.data, df.ctypes.data, factor.ctypes.data)
+        held = [q for q in range(n_q) if df[q]]
+        if not held:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        # idf as the numpy scorers compute it (np.log of a Python float: the same bits).
+        idf = np.asarray([float(np.log(1 + (n - int(df[q]) + 0.5) / (int(df[q]) + 0.5)))
+                          for q in held])
+        bound = idf * (K1 + 1) * factor[held]
+        at = (np.asarray(held)[:, None] * n_seg + np.arange(n_seg)).ravel()
+        lo, hi = np.ascontiguousarray(lo[at]), np.ascontiguousarray(hi[at])
+        counts_ptrs = _pointers([s.counts for s in segments])
+        cap = max(4 * k, 256)
+        visited = np.zeros(1, dtype=np.int64)
+        while True:
+            out_rows = np.zeros(cap, dtype=np.int64)
+            out_scores = np.zeros(cap)
+            got = int(self._maxscore(n_seg, rows_ptrs, counts_ptrs, len(held), lo.ctypes.data,
+                                     hi.ctypes.data, idf.ctypes.data, bound.ctypes.data,
+                                     float(K1 + 1), norms.ctypes.data, alive_ptr, int(k),
+                                     SLACK, cap, out_rows.ctypes.data, out_scores.ctypes.data,
+                                     visited.ctypes.data))
+            if got >= 0:
+                self.visited = int(visited[0])
+                return out_rows[:got], out_scores[:got]
+            if got < -(2 ** 62):
+                raise MemoryError("the keyword scorer ran out of memory")
+            cap = -got
 
 
-def _build() -> Accumulator | None:
+def _build() -> Native | None:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         logger.info("no C compiler (%r): keyword scoring stays in numpy", cc)
@@ -100,14 +156,14 @@ def _build() -> Accumulator | None:
                 subprocess.run([cc, *FLAGS, str(_SOURCE), "-o", str(built)], check=True,
                                capture_output=True, timeout=120)
                 os.replace(built, target)
-        return Accumulator(ctypes.CDLL(str(target)))
+        return Native(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError) as exc:
         logger.info("the keyword scorer's C build failed (%s): scoring stays in numpy", exc)
         return None
 
 
-def scorer() -> Accumulator | None:
-    """The compiled accumulator, built on the first call (None where it cannot be)."""
+def scorer() -> Native | None:
+    """The compiled scorer, built on the first call (None where it cannot be)."""
     with _lock:
         if not _loaded:
             _loaded.append(None if os.environ.get("RAGSPEC_NATIVE_BM25") == "0" else _build())
