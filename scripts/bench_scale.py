@@ -554,6 +554,126 @@ def dense(texts_path, n, repeats, json_out) -> None:
         json_out.write_text(json.dumps([result], indent=2) + "\n")
 
 
+def _hybrid_child(texts_path: Path, n: int, repeats: int, shares: list[float],
+                  keywords_file: Path | None = None) -> dict:
+    """The FAISS folder's two searches and their fusion without the store around them: the
+    approximate dense index (faiss_ann.py) over n vectors, ragspec's BM25 over the n texts, and
+    reciprocal-rank fusion of their top HYBRID_DEPTH (store_base.py's hybrid mode). Passage i's
+    text and vector are the i-th of the inputs, so both rankings name rows alike."""
+    import faiss
+
+    from ragspec.retrieval import bm25_native
+    from ragspec.retrieval.bm25 import BM25Index
+    from ragspec.retrieval.faiss_ann import PROBE_SHARE, ApproxIndex
+    from ragspec.retrieval.fusion import fuse
+    from ragspec.retrieval.store_base import HYBRID_DEPTH
+
+    saved = np.load(_vectors_path(texts_path))
+    base, queries = saved["base"], saved["queries"].astype(np.float32)
+    questions = [str(q) for q in saved["questions"]]
+    out: dict = {"component": "hybrid", "passages": n}
+    started = time.perf_counter()
+    flat = faiss.IndexFlatIP(base.shape[1])
+    for doc in range((n + PASSAGES_PER_DOC - 1) // PASSAGES_PER_DOC):
+        flat.add(_doc_vectors(base, doc, min(PASSAGES_PER_DOC, n - doc * PASSAGES_PER_DOC)))
+    out["flat_add_s"] = round(time.perf_counter() - started, 2)
+    approx = ApproxIndex()
+    started = time.perf_counter()
+    approx.search(flat, queries[0], K)  # trains the lists and fills them
+    out["approx_build_s"] = round(time.perf_counter() - started, 2)
+    started = time.perf_counter()
+    if keywords_file is not None and keywords_file.exists():  # saved by an earlier run
+        index = BM25Index.from_bytes(keywords_file.read_bytes(), [str(i) for i in range(n)])
+        out["bm25_read_s"] = round(time.perf_counter() - started, 2)
+    else:
+        index = BM25Index.build((str(i), t) for i, t in enumerate(iter_texts(texts_path, n)))
+        index.top(questions[0], HYBRID_DEPTH)  # the first search seals the pending postings
+        out["bm25_build_s"] = round(time.perf_counter() - started, 2)
+        if keywords_file is not None:
+            keywords_file.write_bytes(index.to_bytes([str(i) for i in range(n)]))
+    index.top(questions[0], HYBRID_DEPTH)
+    out["peak_rss_after_build_mb"] = round(peak_rss_mb(), 1)
+    _, exact = flat.search(queries, 10)
+    exact_sets = [set(e.tolist()) for e in exact]
+
+    def recall() -> float:
+        found = [{row for row, _ in approx.search(flat, q, 10)} for q in queries]
+        return round(float(np.mean([len(f & e) / 10 for f, e in
+                                    zip(found, exact_sets, strict=True)])), 4)
+
+    sweep = []
+    for share in shares:  # one pass each: recall@10 and k = 5 latency per share of lists probed
+        approx.set_probe_share(share)
+        timed, cpu = [], []
+        for q in queries:
+            t, c = time.perf_counter(), time.process_time()
+            approx.search(flat, q, K)
+            cpu.append(time.process_time() - c)
+            timed.append(time.perf_counter() - t)
+        sweep.append({"probe_share": share, "recall_at_10": recall(), **percentiles(timed),
+                      "cpu": percentiles(cpu)})
+    out["sweep"] = sweep
+    approx.set_probe_share(PROBE_SHARE)
+    out["probe_share"] = PROBE_SHARE
+    out["recall_at_10"] = recall()
+    native = bm25_native.scorer()
+    dense_t, keyword_t, hybrid_t, visited = [], [], [], []
+    cpu: dict[str, list[float]] = {"dense_k5": [], "keywords_top50": [], "hybrid_k5": []}
+    differ = 0
+    with timing(out, "timing"):
+        for repeat in range(repeats):
+            for q, vector in zip(questions, queries, strict=True):
+                t, c = time.perf_counter(), time.process_time()
+                approx.search(flat, vector, K)
+                cpu["dense_k5"].append(time.process_time() - c)
+                dense_t.append(time.perf_counter() - t)
+                t, c = time.perf_counter(), time.process_time()
+                dense = approx.search(flat, vector, HYBRID_DEPTH)
+                keywords = index.top(q, HYBRID_DEPTH)
+                fuse([[str(row) for row, _ in dense], [pid for pid, _ in keywords]], K)
+                cpu["hybrid_k5"].append(time.process_time() - c)
+                hybrid_t.append(time.perf_counter() - t)
+                t, c = time.perf_counter(), time.process_time()
+                found = index.top(q, HYBRID_DEPTH)
+                cpu["keywords_top50"].append(time.process_time() - c)
+                keyword_t.append(time.perf_counter() - t)
+                if native is not None:
+                    visited.append(native.visited)
+                if repeat == 0:  # the exhaustive numpy scorer once: the answers must be its
+                    differ += found != index.top_exhaustive(q, HYBRID_DEPTH)
+    out["dense_k5"] = percentiles(dense_t)
+    out["keywords_top50"] = percentiles(keyword_t)
+    out["hybrid_k5"] = percentiles(hybrid_t)
+    out["cpu"] = {name: percentiles(values) for name, values in cpu.items()}
+    out["keywords_differ_from_exhaustive"] = f"{differ} of {len(questions)}"
+    if visited:
+        out["postings_read_median"] = int(statistics.median(visited))
+    out["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    return out
+
+
+@main.command()
+@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+              required=True)
+@click.option("--n", type=int, default=1_000_000, show_default=True)
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--shares", default="0.05,0.1,0.2,0.35", show_default=True,
+              help="Shares of the IVF lists to probe in the recall/latency sweep.")
+@click.option("--keywords-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Read the keyword index from this file when it exists (BM25Index.to_bytes "
+                   "of these n passages, ids 0..n-1); else build it and save it there.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+def hybrid(texts_path, n, repeats, shares, keywords_file, json_out) -> None:
+    """Hybrid search's parts at n passages (approximate FAISS + BM25 + fusion, no store).
+    Wall-clock and CPU time (this process, all threads) per query: on a shared machine the
+    CPU time is the one that does not count waiting for a core."""
+    result = _hybrid_child(texts_path, n, repeats, [float(x) for x in shares.split(",")],
+                           keywords_file)
+    click.echo(json.dumps(result))
+    if json_out:
+        json_out.write_text(json.dumps([result], indent=2) + "\n")
+
+
 @main.command()
 @click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def table(files) -> None:

@@ -23,6 +23,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     const int32_t *rows;
@@ -160,7 +161,8 @@ int64_t ragspec_bm25_maxscore(int64_t n_seg, const int32_t *const *seg_rows,
                               const int64_t *hi, const double *idf, const double *bound,
                               double k1p1, const double *norms, const uint8_t *alive, int64_t k,
                               double slack, int64_t cap, int64_t *out_rows,
-                              double *out_scores, int64_t *visited) {
+                              double *out_scores, int64_t *visited, double *scratch,
+                              uint8_t *marks, int64_t seed_rows) {
     const int64_t oom = -1 - INT64_MAX / 2;
     int64_t n_cur = 0;
     for (int64_t i = 0; i < n_q * n_seg; i++) n_cur += hi[i] > lo[i];
@@ -213,8 +215,8 @@ int64_t ragspec_bm25_maxscore(int64_t n_seg, const int32_t *const *seg_rows,
      * budget, and start from their k-th best. Any set of rows gives a floor under the final
      * k-th score; the traversal below then skips the common words' lists from its first row
      * instead of from the k-th good row it meets. */
-    int64_t budget = 4 * k > 512 ? 4 * k : 512, n_seed = 0;
-    int32_t *seed = malloc(budget * sizeof *seed);
+    int64_t budget = seed_rows, n_seed = 0;
+    int32_t *seed = malloc((budget + 1) * sizeof *seed);
     if (!seed) {
         result = oom;
         goto done;
@@ -237,7 +239,80 @@ int64_t ragspec_bm25_maxscore(int64_t n_seg, const int32_t *const *seg_rows,
     while (n_non < n_q && rest[n_non + 1] < floor_) n_non++;
     for (int64_t j = n_non; j < n_q; j++)
         for (int64_t c = by_term[order[j]]; c < by_term[order[j] + 1]; c++) essential[n_ess++] = c;
-    for (;;) {
+    if (scratch) {
+        /* The essential lists term at a time into the scratch scores (a pass over each list,
+         * no per-row merging), then the touched rows in increasing order: each is probed in
+         * the non-essential lists (galloping forward) until its bound falls below the floor. */
+        int64_t lo_row = INT64_MAX, hi_row = -1;
+        for (int64_t e = 0; e < n_ess; e++) {
+            cursor_t *c = &cur[essential[e]];
+            double w = idf[c->term];
+            const int32_t *rows = c->rows;
+            const int32_t *tfs = c->tfs;
+            for (int64_t i = 0; i < c->len; i++) {
+                int32_t row = rows[i];
+                scratch[row] += contribution(w, tfs[i], k1p1, norms[row]);
+                marks[row] = 1;
+            }
+            if (c->len && rows[0] < lo_row) lo_row = rows[0];
+            if (c->len && rows[c->len - 1] > hi_row) hi_row = rows[c->len - 1];
+            read += c->len;
+        }
+        int failed = 0;
+        for (int64_t row = lo_row; row <= hi_row; row++) {
+            if ((row & 7) == 0 && row + 8 <= hi_row + 1) {
+                uint64_t word;
+                memcpy(&word, marks + row, 8);
+                if (!word) {
+                    row += 7;
+                    continue;
+                }
+            }
+            if (!marks[row]) continue;
+            marks[row] = 0;
+            double score = scratch[row];
+            scratch[row] = 0.0;
+            if (failed || (alive && !alive[row])) continue;
+            int dropped = 0;
+            for (int64_t j = n_non - 1; j >= 0; j--) {
+                if (score + rest[j + 1] < floor_) {
+                    dropped = 1;
+                    break;
+                }
+                int64_t t = order[j];
+                for (int64_t ci = by_term[t]; ci < by_term[t + 1]; ci++) {
+                    cursor_t *c = &cur[ci];
+                    c->pos = gallop(c->rows, c->pos, c->len, (int32_t)row);
+                    read += c->pos < c->len;
+                    if (c->pos < c->len && c->rows[c->pos] == row) {
+                        score += contribution(idf[t], c->tfs[c->pos], k1p1, norms[row]);
+                        break;
+                    }
+                }
+            }
+            if (dropped || score < floor_) continue;
+            if (kept == kept_cap) {
+                kept_cap *= 2;
+                int32_t *r = realloc(kept_rows, kept_cap * sizeof *kept_rows);
+                if (r) kept_rows = r;
+                double *v = realloc(kept_scores, kept_cap * sizeof *kept_scores);
+                if (v) kept_scores = v;
+                if (!r || !v) {
+                    failed = 1; /* keep clearing the scratch, then report */
+                    continue;
+                }
+            }
+            kept_rows[kept] = (int32_t)row;
+            kept_scores[kept++] = score;
+            heap_push(heap, &heap_size, k, score);
+            if (heap_size == k && heap[0] * (1.0 - slack) > floor_) floor_ = heap[0] * (1.0 - slack);
+        }
+        if (failed) {
+            result = oom;
+            goto done;
+        }
+    }
+    for (; !scratch;) {
         int32_t row = INT32_MAX;
         for (int64_t e = 0; e < n_ess; e++) {
             cursor_t *c = &cur[essential[e]];

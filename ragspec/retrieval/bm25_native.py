@@ -74,7 +74,12 @@ class Native:
         self._lookup.argtypes = [i64, p, p, p, p, p, p, i64, p, p, p, p, p, p]
         self._maxscore = library.ragspec_bm25_maxscore
         self._maxscore.restype = i64
-        self._maxscore.argtypes = [i64, p, p, i64, p, p, p, p, f64, p, p, i64, f64, i64, p, p, p]
+        self._maxscore.argtypes = [i64, p, p, i64, p, p, p, p, f64, p, p, i64, f64, i64, p, p, p, p,
+                                   p, i64]
+        self.seed_rows = 128  # rows of the rarest terms' lists scored first, for theta
+        self.term_at_a_time = True  # essential lists into scratch scores (False: merged)
+        self._scratch: tuple[np.ndarray, np.ndarray] | None = None
+        self._scratch_lock = threading.Lock()
         self.visited = 0  # postings the last search read (for tests and benchmarks)
 
     def top(self, segments: Sequence[Segment], scales: Sequence[float],
@@ -120,6 +125,16 @@ class Native:
         lo, hi = np.ascontiguousarray(lo[at]), np.ascontiguousarray(hi[at])
         counts_ptrs = _pointers([s.counts for s in segments])
         cap = max(4 * k, 256)
+        with self._scratch_lock:  # scores and marks per row, left zeroed by each search
+            if self.term_at_a_time and (self._scratch is None or
+                                        len(self._scratch[0]) < len(norms)):
+                self._scratch = (np.zeros(len(norms)), np.zeros(len(norms), dtype=np.uint8))
+            scratch = self._scratch if self.term_at_a_time else None
+            return self._run(n_seg, rows_ptrs, counts_ptrs, held, lo, hi, idf, bound, norms,
+                             alive_ptr, k, cap, scratch)
+
+    def _run(self, n_seg, rows_ptrs, counts_ptrs, held, lo, hi, idf, bound, norms, alive_ptr,
+             k, cap, scratch):
         visited = np.zeros(1, dtype=np.int64)
         while True:
             out_rows = np.zeros(cap, dtype=np.int64)
@@ -128,7 +143,10 @@ class Native:
                                      hi.ctypes.data, idf.ctypes.data, bound.ctypes.data,
                                      float(K1 + 1), norms.ctypes.data, alive_ptr, int(k),
                                      SLACK, cap, out_rows.ctypes.data, out_scores.ctypes.data,
-                                     visited.ctypes.data))
+                                     visited.ctypes.data,
+                                     None if scratch is None else scratch[0].ctypes.data,
+                                     None if scratch is None else scratch[1].ctypes.data,
+                                     int(self.seed_rows)))
             if got >= 0:
                 self.visited = int(visited[0])
                 return out_rows[:got], out_scores[:got]

@@ -53,10 +53,17 @@ def lists_for(count: int) -> int:
     return max(16, int(math.sqrt(count)))
 
 
+def _probes(lists: int, share: float) -> int:
+    return min(lists, max(MIN_PROBE, int(lists * share)))
+
+
 class ApproxIndex:
     """See the module docstring. One per store; `invalidate()` after rows were deleted."""
 
-    def __init__(self) -> None:
+    def __init__(self, probe_share: float = PROBE_SHARE) -> None:
+        if not 0 < probe_share <= 1:
+            raise ValueError(f"probe_share must be in (0, 1], got {probe_share}")
+        self.probe_share = probe_share
         self._ivf: faiss.Index | None = None
         self._quantizer: faiss.Index | None = None  # the IVF index refers to it: keep it alive
 
@@ -73,8 +80,15 @@ class ApproxIndex:
                 self._ivf.add(flat.reconstruct_n(start, stop - start))
         return self._ivf
 
-    @staticmethod
-    def _train(flat: faiss.Index) -> tuple[faiss.Index, faiss.Index]:
+    def set_probe_share(self, share: float) -> None:
+        """Probe `share` of the lists from the next search on (benchmarks sweep it)."""
+        if not 0 < share <= 1:
+            raise ValueError(f"probe_share must be in (0, 1], got {share}")
+        self.probe_share = share
+        if self._ivf is not None:
+            self._ivf.nprobe = _probes(self._ivf.nlist, share)
+
+    def _train(self, flat: faiss.Index) -> tuple[faiss.Index, faiss.Index]:
         n, lists = flat.ntotal, lists_for(flat.ntotal)
         quantizer = faiss.IndexFlatIP(flat.d)
         ivf = faiss.IndexIVFScalarQuantizer(quantizer, flat.d, lists,
@@ -83,7 +97,7 @@ class ApproxIndex:
         sample = np.random.default_rng(0).choice(n, min(n, lists * _TRAIN_PER_LIST),
                                                  replace=False)
         ivf.train(flat.reconstruct_batch(np.sort(sample).astype(np.int64)))
-        ivf.nprobe = min(lists, max(MIN_PROBE, int(lists * PROBE_SHARE)))
+        ivf.nprobe = _probes(lists, self.probe_share)
         logger.info("approximate dense index: %d lists over %d passages", lists, n)
         return ivf, quantizer
 
