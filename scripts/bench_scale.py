@@ -8,6 +8,8 @@ Usage:
       --sizes 10000,100000,1000000 --repeats 3 [--baseline-ref main] --json OUT
   PYTHONPATH=. python scripts/bench_scale.py search --texts /tmp/scale-texts.jsonl \\
       --sizes 10000,100000,1000000 --backends faiss,milvus --repeats 3 --json OUT
+  PYTHONPATH=. python scripts/bench_scale.py hybrid --texts /tmp/scale-texts.jsonl \
+      --n 1000000 --repeats 3 [--keywords-file KW.npz] --json OUT   # the parts, no store
 
 Inputs (documents nobody here wrote):
   * texts: passages cut from the documentation installed on this machine — every readable file

@@ -147,6 +147,8 @@ def test_the_compiled_scorer_is_used_and_equals_numpy_to_the_last_bit(monkeypatc
                         lambda self, *args: calls.append(1) or real(self, *args))
     _assert_same(index, queries, ks=(1, 5, 50))
     assert calls
+    monkeypatch.setattr(bm25_native.scorer(), "term_at_a_time", False)  # the merging traversal
+    _assert_same(index, queries[:40], ks=(1, 5, 50))
     monkeypatch.setattr(bm25, "scorer", lambda: None)  # no compiler: MaxScore in numpy
     calls.clear()
     _assert_same(index, queries[:20], ks=(1, 5, 50))
@@ -154,7 +156,8 @@ def test_the_compiled_scorer_is_used_and_equals_numpy_to_the_last_bit(monkeypatc
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
-def test_the_compiled_scorer_skips_a_common_words_postings():
+@pytest.mark.parametrize("term_at_a_time", [True, False])
+def test_the_compiled_scorer_skips_a_common_words_postings(monkeypatch, term_at_a_time):
     """Document-at-a-time MaxScore in C: once the rare word's row fills the top 1, the common
     word's list is galloped over for that row, not read; with removals and several segments."""
     passages = [(f"p{i:05d}", "common " + ("rare" if i % 5000 == 17 else f"x{i}"))
@@ -165,6 +168,7 @@ def test_the_compiled_scorer_skips_a_common_words_postings():
         index.top("warm", 1)
     index.remove("p05017")
     native = bm25_native.scorer()
+    monkeypatch.setattr(native, "term_at_a_time", term_at_a_time)
     for k in (1, 3):
         assert index.top("rare common", k) == index.top_exhaustive("rare common", k)
         assert native.visited < 1000, native.visited  # against 20,000 postings of "common"

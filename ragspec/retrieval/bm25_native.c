@@ -1,5 +1,5 @@
-/* ragspec's exact top-k BM25 in C (bm25_native.py compiles and loads it): document-at-a-time
- * MaxScore over the posting segments of bm25_postings.py.
+/* ragspec's exact top-k BM25 in C (bm25_native.py compiles and loads it): MaxScore over the
+ * posting segments of bm25_postings.py.
  *
  * One term's contribution to a row is idf * tf * k1p1 / (tf + norms[row]) -- the very
  * operations, in the very order, of bm25_postings.contribution (compiled with
@@ -12,14 +12,18 @@
  * term factor (the segment bounds, scaled).
  *
  * ragspec_bm25_maxscore: the rows that may be in the top k, with their exact scores. Terms are
- * ordered by their bound; once the k-th best score so far (theta) exceeds what the lowest-bound
- * terms could add together, those terms are "non-essential": a row is only looked up in their
- * lists (galloping forward) when it appears in an essential list, and dropped as soon as its
- * partial score plus the bounds still unread falls below theta. Rows whose (summed in traversal
- * order) score reaches theta within a relative margin are kept (theta starts from the k-th
- * best of the rows of the rarest terms' lists, scored first); at the end those still within
- * the margin of the final theta are re-scored exactly, in the caller's order. The caller then
- * keeps the k best of those. */
+ * ordered by their bound. First the rows of the highest-bound (rare) terms' lists, up to
+ * `seed_rows`, are scored exactly: their k-th best is a floor under the final k-th score
+ * (theta). Terms whose bounds together stay below the floor are "non-essential": a row is only
+ * looked up in their lists (galloping forward) when it appears in an essential list, and
+ * dropped as soon as its partial score plus the bounds still unread falls below the floor.
+ * Two traversals of the essential lists: term at a time (when `scratch` and `marks` are given:
+ * each essential list read straight through into per-row scratch scores, then the touched rows
+ * visited in increasing order; the scratch is left zeroed) or document at a time (the lists
+ * merged row by row, and terms turn non-essential as the floor rises). Rows whose score,
+ * summed in traversal order, reaches the floor within a relative margin are kept; at the end
+ * those still within the margin of the final floor are re-scored exactly, in the caller's
+ * order. The caller then keeps the k best of those. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
