@@ -566,7 +566,7 @@ def _hybrid_child(texts_path: Path, n: int, repeats: int, shares: list[float],
 
     from ragspec.retrieval import bm25_native
     from ragspec.retrieval.bm25 import BM25Index
-    from ragspec.retrieval.faiss_ann import PROBE_SHARE, ApproxIndex
+    from ragspec.retrieval.faiss_ann import PROBED_LISTS, ApproxIndex
     from ragspec.retrieval.fusion import fuse
     from ragspec.retrieval.store_base import HYBRID_DEPTH
 
@@ -615,8 +615,8 @@ def _hybrid_child(texts_path: Path, n: int, repeats: int, shares: list[float],
         sweep.append({"probe_share": share, "recall_at_10": recall(), **percentiles(timed),
                       "cpu": percentiles(cpu)})
     out["sweep"] = sweep
-    approx.set_probe_share(PROBE_SHARE)
-    out["probe_share"] = PROBE_SHARE
+    approx.set_probe_share(None)  # the default: PROBED_LISTS lists
+    out["probed_lists"] = PROBED_LISTS
     out["recall_at_10"] = recall()
     native = bm25_native.scorer()
     dense_t, keyword_t, hybrid_t, visited = [], [], [], []

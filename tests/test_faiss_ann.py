@@ -89,3 +89,28 @@ def test_below_the_threshold_or_when_asked_search_is_exact(monkeypatch):
     monkeypatch.setenv(faiss_ann.MODE_ENV, "fast")
     with pytest.raises(ValueError, match="auto"):
         faiss_ann.wanted(1)
+
+
+def test_a_fixed_number_of_lists_is_probed_and_a_share_can_be_asked(monkeypatch):
+    """The default probes PROBED_LISTS lists whatever the index size (all of them when there
+    are fewer); a benchmark's share of the lists applies from the next search, None goes back."""
+    import faiss
+
+    monkeypatch.setattr(faiss_ann, "PROBED_LISTS", 20)
+    monkeypatch.setattr(faiss_ann, "MIN_PROBE", 4)
+    monkeypatch.setattr(faiss_ann, "_TRAIN_PER_LIST", 4)
+    rng = np.random.default_rng(0)
+    for n, lists in ((400, 20), (4900, 70)):  # lists_for: max(16, sqrt(n))
+        flat = faiss.IndexFlatIP(8)
+        vectors = rng.normal(size=(n, 8)).astype(np.float32)
+        flat.add(vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
+        approx = faiss_ann.ApproxIndex()
+        approx.search(flat, vectors[0], 3)
+        ivf = approx._synced(flat)
+        assert (ivf.nlist, ivf.nprobe) == (lists, min(lists, 20))
+        approx.set_probe_share(0.5)
+        assert ivf.nprobe == max(4, lists // 2)
+        approx.set_probe_share(None)
+        assert ivf.nprobe == min(lists, 20)
+    with pytest.raises(ValueError, match="probe_share"):
+        faiss_ann.ApproxIndex(probe_share=0)
