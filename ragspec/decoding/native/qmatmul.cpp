@@ -590,8 +590,10 @@ static void check_weight(const at::Tensor& w, int64_t code, int64_t k) {
               " bytes; format ", fmt, " with in_features ", k, " needs ", row_bytes(int(fmt), k));
 }
 
-// Columns per parallel task: enough work per task that scheduling costs little.
-static int64_t grain(int64_t k, int64_t m) { return std::max<int64_t>(4, (1 << 16) / std::max<int64_t>(1, k * m / 8)); }
+// Columns per parallel task: enough work per task that scheduling costs little (about 128K
+// multiply-accumulates), and enough tasks that two threads get even shares of the
+// small products of a one-token step (576 x 576 at 135M is three tiled tasks).
+static int64_t grain(int64_t k, int64_t m) { return std::max<int64_t>(4, (1 << 14) / std::max<int64_t>(1, k * m / 8)); }
 
 int64_t column_grain(const WeightView& w, int64_t m) {
   const int64_t g = grain(w.k, m);

@@ -82,6 +82,10 @@ inline void tiled_row(int fmt, const uint8_t* data, int64_t n, int64_t row_bytes
 
 namespace tiled {
 
+#ifndef RS_TILE_AHEAD
+#define RS_TILE_AHEAD 8192
+#endif
+
 static inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -139,11 +143,15 @@ static inline void q6_scales(const uint8_t* tb, __m512* sc) {
   }
 }
 
+constexpr int64_t kAhead = RS_TILE_AHEAD;  // bytes of a tile requested ahead of the kernel
+
 // One tile (16 columns), activation rows r0..r0+R, columns lo..hi of the tile written to
 // y[row * ldy + c] (y points at the tile's first column).
+// `ahead`: the first byte not yet requested (t for the first tile of a run, t + kAhead for the
+// tiles after it, whose head the previous tile requested: a thread's tiles are consecutive).
 template <int FMT, int R>
 static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int64_t r0, float* y,
-                 int64_t ldy, __mmask16 cols) {
+                 int64_t ldy, __mmask16 cols, const uint8_t* ahead) {
   constexpr int BB = block_bytes(FMT), PB = block_elems(FMT) / 32;
   constexpr bool KQ = FMT == Q4_K || FMT == Q5_K, Q5 = FMT == Q5_0 || FMT == Q5_1;
   constexpr bool OFFSET = FMT == Q4_1 || FMT == Q5_1 || KQ;
@@ -151,13 +159,18 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   __m512 sc[16], mn[8];
+  // A run of tiles is one contiguous stretch of bytes, read once from memory: a cursor keeps
+  // every cache line up to kAhead bytes past the group being decoded requested, across the end
+  // of the tile into the next (a block's fields are not read in address order, which the
+  // hardware prefetchers follow poorly on their own; a request past the weight is harmless).
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* tb = t + b * kTileRows * BB;
-    _mm_prefetch(reinterpret_cast<const char*>(tb + 2 * kTileRows * BB), _MM_HINT_T0);
     if (KQ) k_scales(tb, sc, mn);
     if (FMT == Q6_K) q6_scales(tb, sc);
     for (int j = 0; j < PB; ++j) {
       const int64_t g = b * PB + j;
+      const uint8_t* want = tb + (j + 1) * (kTileRows * BB / PB) + kAhead;
+      for (; ahead < want; ahead += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
       __m512i w[8];
       __m512 s0, s1 = _mm512_setzero_ps(), off = _mm512_setzero_ps();
       if (FMT == Q4_0 || FMT == Q4_1) {
@@ -235,14 +248,17 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, cols, acc[r]);
 }
 
-// Every activation row against one tile: chunks of 16 rows, then the rest in one chunk.
+// Every activation row against one tile: chunks of 16 rows, then the rest in one chunk. Only the
+// first chunk requests lines ahead (the later ones find the tile in cache).
 template <int FMT>
 static void tile_rows(const uint8_t* t, int64_t row_bytes, const Activations& x, float* y,
-                      int64_t ldy, __mmask16 cols) {
+                      int64_t ldy, __mmask16 cols, bool first) {
+  const uint8_t* ahead = first ? t : t + kAhead;
+  const uint8_t* done = t + kTileRows * row_bytes + kAhead;  // nothing left to request
   int64_t r = 0;
-  for (; r + 16 <= x.m; r += 16) tile<FMT, 16>(t, row_bytes, x, r, y, ldy, cols);
+  for (; r + 16 <= x.m; r += 16, ahead = done) tile<FMT, 16>(t, row_bytes, x, r, y, ldy, cols, ahead);
   switch (x.m - r) {
-#define RS_ROWS(n) case n: tile<FMT, n>(t, row_bytes, x, r, y, ldy, cols); break;
+#define RS_ROWS(n) case n: tile<FMT, n>(t, row_bytes, x, r, y, ldy, cols, ahead); break;
     RS_ROWS(1) RS_ROWS(2) RS_ROWS(3) RS_ROWS(4) RS_ROWS(5) RS_ROWS(6) RS_ROWS(7) RS_ROWS(8)
     RS_ROWS(9) RS_ROWS(10) RS_ROWS(11) RS_ROWS(12) RS_ROWS(13) RS_ROWS(14) RS_ROWS(15)
 #undef RS_ROWS
@@ -261,15 +277,16 @@ inline void tiled_columns(const Activations& x, const WeightView& w, int64_t n0,
     const __mmask16 cols = __mmask16(((1u << hi) - 1) & ~((1u << lo) - 1));
     const uint8_t* tp = w.data + c0 * w.row_bytes;
     float* yc = y + c0;
+    const bool first = t == n0 / kTileRows;
     switch (w.fmt) {
-      case Q4_0: tiled::tile_rows<Q4_0>(tp, w.row_bytes, x, yc, ldy, cols); break;
-      case Q4_1: tiled::tile_rows<Q4_1>(tp, w.row_bytes, x, yc, ldy, cols); break;
-      case Q5_0: tiled::tile_rows<Q5_0>(tp, w.row_bytes, x, yc, ldy, cols); break;
-      case Q5_1: tiled::tile_rows<Q5_1>(tp, w.row_bytes, x, yc, ldy, cols); break;
-      case Q8_0: tiled::tile_rows<Q8_0>(tp, w.row_bytes, x, yc, ldy, cols); break;
-      case Q4_K: tiled::tile_rows<Q4_K>(tp, w.row_bytes, x, yc, ldy, cols); break;
-      case Q5_K: tiled::tile_rows<Q5_K>(tp, w.row_bytes, x, yc, ldy, cols); break;
-      default: tiled::tile_rows<Q6_K>(tp, w.row_bytes, x, yc, ldy, cols); break;
+      case Q4_0: tiled::tile_rows<Q4_0>(tp, w.row_bytes, x, yc, ldy, cols, first); break;
+      case Q4_1: tiled::tile_rows<Q4_1>(tp, w.row_bytes, x, yc, ldy, cols, first); break;
+      case Q5_0: tiled::tile_rows<Q5_0>(tp, w.row_bytes, x, yc, ldy, cols, first); break;
+      case Q5_1: tiled::tile_rows<Q5_1>(tp, w.row_bytes, x, yc, ldy, cols, first); break;
+      case Q8_0: tiled::tile_rows<Q8_0>(tp, w.row_bytes, x, yc, ldy, cols, first); break;
+      case Q4_K: tiled::tile_rows<Q4_K>(tp, w.row_bytes, x, yc, ldy, cols, first); break;
+      case Q5_K: tiled::tile_rows<Q5_K>(tp, w.row_bytes, x, yc, ldy, cols, first); break;
+      default: tiled::tile_rows<Q6_K>(tp, w.row_bytes, x, yc, ldy, cols, first); break;
     }
   }
 }
