@@ -22,9 +22,12 @@ Strategies (one draft policy shared across the questions of a set, as in `ragspe
   governed       occurrences + the DraftGovernor (what the engine does now);
   tree-A-m       governed + A other occurrences' continuations of m tokens verified in the
                  same forward (a token tree: a projection, the engine verifies one draft);
-  followed       governed + the copy follower (DraftConfig.follow: ragspec's default now);
+  followed       governed + the copy follower (DraftConfig.follow);
+  variants       followed + drafts matched across word variants (DraftConfig.variants);
+  shadowed       variants + the policy learning from declined proposals (DraftShadow):
+                 ragspec's default now;
   perfect        each proposal cut exactly where the model diverges (the best length policy);
-  perfect-followed  the same with the copy follower's proposals;
+  perfect-followed, perfect-variants  the same with those strategies' proposals;
   oracle         the true continuation, max_draft tokens at a time.
 --trace adds, for engine-before and governed, the count of missed tokens by cause.
 """
@@ -43,7 +46,9 @@ from ragspec.decoding.types import DraftConfig
 
 QUOTED_COST_MS = "1:22.5,2:24.3,4:30.6,8:52.7,16:92.6"
 STRATEGIES = ("engine-before", "occurrences", "governed", "tree-1-2", "tree-2-2", "followed",
-              "perfect", "perfect-followed", "oracle")
+              "variants", "shadowed", "perfect", "perfect-followed", "perfect-variants", "oracle")
+FOLLOWING = ("followed", "variants", "shadowed", "perfect-followed", "perfect-variants")
+VARIANTS = ("variants", "shadowed", "perfect-variants")
 OCCURRENCES = 8
 
 
@@ -79,24 +84,43 @@ def record(args) -> None:
     questions = core.load_questions(args.questions, args.limit)
     setup = core.build_setup(None, args.corpus, None, questions, args.max_new_tokens,
                              methods=("ragspec",), llamacpp=False, llama_server=False)
-    rows = []
+    rows, texts = [], {}
     for item in setup.prepared:
         run = setup.generator.generate(item.prompt_ids, GenerationConfig(
             args.max_new_tokens, draft=DraftConfig(enabled=False), repeat=ANSWER_REPEAT))
+        for token in {*item.prompt_ids, *run.token_ids}:
+            texts.setdefault(str(token), setup.generator.tokenizer.decode([token]))
         rows.append({"id": item.question.id, "kind": item.question.kind,
                      "prompt_ids": list(item.prompt_ids), "answer_ids": run.token_ids,
                      "stop_reason": run.stats.stop_reason, "text": run.text})
         print(item.question.id, len(run.token_ids), run.stats.stop_reason, file=sys.stderr)
         with open(args.out, "w", encoding="utf-8") as fh:  # after every answer: usable early
             json.dump({"model": setup.model_name, "max_new_tokens": args.max_new_tokens,
-                       "questions": rows, "failures": setup.failures}, fh)
+                       "questions": rows, "failures": setup.failures, "token_text": texts}, fh)
+
+
+def word_keys(data: dict):
+    """The engine's word keys over a recording's token texts (recorded by `record`), or over
+    the bundled model's tokenizer for recordings made before they were kept."""
+    from ragspec.decoding.ngram import WordKeys
+
+    texts = data.get("token_text")
+    if texts is not None:
+        return WordKeys(lambda ids: texts[str(ids[0])])
+    from transformers import AutoTokenizer
+
+    from ragspec import paths
+    from ragspec.decoding.model import resolve
+
+    folder, _, _ = resolve(None, paths.models_dir(), packed=True)
+    return WordKeys(AutoTokenizer.from_pretrained(folder).decode)
 
 
 def run_strategy(name: str, rows: list[dict], cost: ForwardCost, cfg: DraftConfig,
-                 trace: bool, budget: float = 1.0) -> list[draftsim.Walk]:
+                 trace: bool, budget: float = 1.0, keys=None) -> list[draftsim.Walk]:
     if name == "oracle":
         return [None] * len(rows)
-    cfg = replace(cfg, follow=name.endswith("followed"))
+    cfg = replace(cfg, follow=name in FOLLOWING, variants=name in VARIANTS)
     policy = None if name.startswith("perfect") else DraftPolicy(cfg, cost)
     walks = []
     for row in rows:
@@ -105,11 +129,13 @@ def run_strategy(name: str, rows: list[dict], cost: ForwardCost, cfg: DraftConfi
         alternatives = int(name.split("-")[1]) if name.startswith("tree-") else 0
         alt_tokens = int(name.split("-")[2]) if alternatives else 0
         governor = (DraftGovernor(cost, budget=budget)
-                    if name.startswith(("governed", "tree-", "followed")) else None)
+                    if name.startswith(("governed", "tree-", "followed", "variants", "shadowed"))
+                    else None)
         walks.append(draftsim.walk(prompt, truth, cost, cfg, policy, trace=trace,
                                    alternatives=alternatives, alt_tokens=alt_tokens,
                                    governor=governor,
-                                   occurrences=1 if before else OCCURRENCES))
+                                   occurrences=1 if before else OCCURRENCES, keys=keys,
+                                   learn_declined=name == "shadowed"))
     return walks
 
 
@@ -137,9 +163,10 @@ def walk_command(args) -> None:
     rows = [r for r in data["questions"] if len(r["answer_ids"]) > 1]
     table: dict[str, list[dict]] = {}
     causes: dict[str, dict] = {}
+    keys = word_keys(data)
     for name in STRATEGIES:
-        traced = args.trace and name in ("engine-before", "governed", "followed")
-        walks = run_strategy(name, rows, cost, cfg, traced, args.budget)
+        traced = args.trace and name in ("engine-before", "governed", "followed", "shadowed")
+        walks = run_strategy(name, rows, cost, cfg, traced, args.budget, keys)
         out = []
         for row, w in zip(rows, walks, strict=True):
             truth = row["answer_ids"]

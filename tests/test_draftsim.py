@@ -33,7 +33,8 @@ def test_replay_takes_exactly_the_engines_steps(tiny_model, tiny_tokenizer):
         gen.restore_policy_state(state)
         policy = gen.policy_for(cfg)
         w = draftsim.walk(prompt, result.token_ids, STEEP, cfg.draft, policy,
-                          governor=DraftGovernor(STEEP), occurrences=cfg.draft.occurrences)
+                          governor=DraftGovernor(STEEP), occurrences=cfg.draft.occurrences,
+                          keys=gen.word_keys)
         gen.restore_policy_state(after)
         assert w.forwards == result.stats.forward_passes
         assert sum(s.accepted for s in w.steps) == result.stats.accepted_tokens

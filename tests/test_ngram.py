@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragspec.decoding.ngram import NgramIndex
+from ragspec.decoding.ngram import NgramIndex, WordKeys
 
 
 def brute_extended(tokens, origin, cap):
@@ -156,3 +156,77 @@ def test_followed_proposals_are_slices_of_the_sequence(seq, max_tokens):
             continue
         assert 0 < m.origin <= i
         assert m.tokens == seq[: i + 1][m.origin : m.origin + max_tokens]
+
+
+def brute_variant(tokens, keys, *, min_n, max_n, max_tokens, occurrences, cap=NgramIndex.extend_cap):
+    """The proposal with word keys, by scanning: the exact brute-force match, unless a place
+    agrees further back under the keys (longest key suffix, then among its latest
+    `occurrences` places the furthest agreement, latest among equals). (kind, origin, draft)."""
+    exact = brute_force(tokens, min_n=min_n, max_n=max_n, max_tokens=max_tokens,
+                        occurrences=occurrences)
+    exact_ext = brute_extended(tokens, exact[1], cap) if exact else 0
+    keyed = [keys(t) for t in tokens]
+    length = len(tokens)
+    for n in range(min(max_n, length), min_n - 1, -1):
+        suffix = keyed[length - n :]
+        ends = [end for end in range(length - 2, n - 2, -1)
+                if keyed[end - n + 1 : end + 1] == suffix][:occurrences]
+        if ends:
+            end = max(ends, key=lambda e: (brute_extended(keyed, e + 1, cap), e))
+            if brute_extended(keyed, end + 1, cap) > exact_ext:
+                return "variant", end + 1, tokens[end + 1 : end + 1 + max_tokens]
+            break
+    return ("suffix", exact[1], exact[2]) if exact else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seq=st.lists(st.integers(0, 7), min_size=0, max_size=80),
+    min_n=st.integers(1, 2),
+    extra=st.integers(0, 3),
+    max_tokens=st.integers(0, 8),
+    occurrences=st.sampled_from([1, 3, 8]),
+)
+def test_variant_matches_brute_force_at_every_prefix(seq, min_n, extra, max_tokens, occurrences):
+    def keys(t):  # token t and t + 4 are variants of one word ("the" / " The")
+        return t % 4
+
+    index = NgramIndex(min_n=min_n, max_n=min_n + extra, occurrences=occurrences, keys=keys)
+    for i, t in enumerate(seq):
+        index.append(t)
+        got = index.propose(max_tokens)
+        want = brute_variant(seq[: i + 1], keys, min_n=min_n, max_n=min_n + extra,
+                             max_tokens=max_tokens, occurrences=occurrences)
+        assert (None if got is None else (got.kind, got.origin, got.tokens)) == want
+
+
+def test_a_quotation_starting_on_another_form_of_the_word_is_found():
+    # passage: 20 " the" 21 "function" 22 "returns" 23 "a" 24 "list"; the answer writes
+    # 30 "The" (the variant of 20), then 21: exactly only "function" agrees, under keys two
+    passage = [9, 20, 21, 22, 23, 24, 8, 21, 7]
+    keys = {20: "the", 30: "the"}.get
+    index = NgramIndex(passage, min_n=1, max_n=4, keys=lambda t: keys(t, t))
+    index.extend([5, 30, 21])
+    m = index.propose(3)
+    assert m.kind == "variant" and m.origin == 3 and m.tokens == [22, 23, 24]
+    plain = NgramIndex(passage + [5, 30, 21], min_n=1, max_n=4).propose(3)
+    assert plain.origin == 8  # the latest "function", which goes elsewhere
+
+
+def test_word_keys_join_case_and_leading_space():
+    texts = {1: " the", 2: "The", 3: "the", 4: " ", 5: "\n", 6: " them"}
+    calls = []
+    keys = WordKeys(lambda ids: calls.append(ids) or texts[ids[0]])
+    assert keys(1) == keys(2) == keys(3) != keys(6)
+    assert keys(4) != keys(5)  # whitespace-only tokens keep their own text
+    keys(1)
+    assert len(calls) == 6  # remembered: one decode per distinct token
+
+
+def test_own_marks_copies_from_the_generated_part():
+    index = NgramIndex([1, 2, 3], min_n=1, max_n=2)
+    index.extend([1, 2])
+    assert not index.propose(2).own  # from the prompt
+    index.extend([3, 1])
+    index.extend([2])
+    assert index.propose(2).own  # (1, 2) last occurred in the answer

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ragspec.decoding.ngram import NgramIndex
-from ragspec.decoding.policy import DraftGovernor, DraftPolicy, ForwardCost
+from ragspec.decoding.policy import DraftGovernor, DraftPolicy, DraftShadow, ForwardCost
 from ragspec.decoding.types import DraftConfig
 
 
@@ -131,7 +131,7 @@ class Walk:
 def walk(prompt: list[int], truth: list[int], cost: ForwardCost, draft_cfg: DraftConfig,
          policy: DraftPolicy | None, *, trace: bool = False, alternatives: int = 0,
          alt_tokens: int = 2, governor: DraftGovernor | None = None,
-         occurrences: int = 1) -> Walk:
+         occurrences: int = 1, keys=None, learn_declined: bool = True) -> Walk:
     """Walk the engine's drafter and policy over `truth` (greedy's answer to `prompt`).
 
     policy None drafts each proposal cut exactly where it diverges from `truth` (hindsight:
@@ -139,9 +139,13 @@ def walk(prompt: list[int], truth: list[int], cost: ForwardCost, draft_cfg: Draf
     in the same forward, that many other occurrences' continuations (alt_tokens each) as a
     token tree and costs the step by the tree's size: a projection, the engine verifies one
     draft. governor: this generation's DraftGovernor, applied as the engine does. occurrences:
-    the drafter's NgramIndex setting. trace: compute the hindsight bounds of every step."""
+    the drafter's NgramIndex setting. keys: the engine's word keys (Generator.word_keys), used
+    when draft_cfg.variants. trace: compute the hindsight bounds of every step. A policy learns
+    from declined proposals as the engine's does (DraftShadow; learn_declined=False: not)."""
     index = NgramIndex(prompt, min_n=draft_cfg.min_ngram, max_n=draft_cfg.max_ngram,
-                       occurrences=occurrences, follow=draft_cfg.follow)
+                       occurrences=occurrences, follow=draft_cfg.follow,
+                       keys=keys if draft_cfg.variants else None)
+    shadow = DraftShadow(policy) if policy is not None and learn_declined else None
     index.append(truth[0])
     out = Walk()
     pos = 1
@@ -160,6 +164,8 @@ def walk(prompt: list[int], truth: list[int], cost: ForwardCost, draft_cfg: Draf
             if not allowed:
                 governor.shadow(proposal[:k], context)
             k = allowed
+        if k == 0 and shadow is not None:
+            shadow.follow(match)
         draft = proposal[:k]
         accepted = agree(draft, rest)
         verified = len(draft)
@@ -184,6 +190,8 @@ def walk(prompt: list[int], truth: list[int], cost: ForwardCost, draft_cfg: Draf
             index.append(token)
             if governor is not None:
                 governor.push(token)
+            if shadow is not None:
+                shadow.push(token)
         pos += accepted + 1
     return out
 

@@ -26,9 +26,9 @@ import torch
 
 from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.calibrate import CostWatch
-from ragspec.decoding.ngram import Match, NgramIndex
+from ragspec.decoding.ngram import Match, NgramIndex, WordKeys
 from ragspec.decoding.packed import step_forward
-from ragspec.decoding.policy import DraftGovernor, DraftPolicy, ForwardCost
+from ragspec.decoding.policy import DraftGovernor, DraftPolicy, DraftShadow, ForwardCost
 from ragspec.decoding.provenance import locate_origin
 from ragspec.decoding.repetition import RepetitionGuard, penalty_windows
 from ragspec.decoding.sampling import (
@@ -76,6 +76,7 @@ class Generator:
         self._strikes = 0  # consecutive checks in which live step times disagreed with the curve
         self.recalibration_due = False
         self._policies: dict = {}  # DraftConfig -> DraftPolicy; learning persists across calls
+        self.word_keys = WordKeys(tokenizer.decode)  # the drafter's word variants
 
     @classmethod
     def from_loaded(cls, loaded, cost: ForwardCost | None = None, recalibrate=None) -> Generator:
@@ -206,11 +207,14 @@ class GenerationStream:
         self._index = NgramIndex(prompt, min_n=config.draft.min_ngram,
                                  max_n=config.draft.max_ngram,
                                  occurrences=config.draft.occurrences,
-                                 follow=config.draft.follow)
+                                 follow=config.draft.follow,
+                                 keys=gen.word_keys if config.draft.variants else None)
         # per generation: what drafts may lose to plain steps (None: unbounded)
         self._governor = (DraftGovernor(self._policy.cost)
                           if self._policy is not None and config.draft.adaptive
                           and config.draft.governed else None)
+        # declined proposals, learnt from as the model writes on
+        self._shadow = DraftShadow(self._policy) if self._policy is not None else None
         self._cache = None
         repeat = config.repeat
         self._guard = (RepetitionGuard(repeat.stop_ngram, repeat.stop_count)
@@ -297,6 +301,8 @@ class GenerationStream:
             if not allowed:  # suspended: follow the proposal without verifying it
                 self._governor.shadow(match.tokens[:k], context)
             k = allowed
+        if k == 0 and self._shadow is not None:
+            self._shadow.follow(match)
         return match, (match.tokens[:k] if k > 0 else [])
 
     def _verify(self, draft: list[int]) -> torch.Tensor:
@@ -342,6 +348,8 @@ class GenerationStream:
             self._index.append(token)
             if self._governor is not None:
                 self._governor.push(token)
+            if self._shadow is not None:
+                self._shadow.push(token)
             drafted = i < step.accepted
             hit = self._text.push(token, drafted, step.origin if drafted else None)
             reason = ("eos" if token in self.gen.eos_token_ids else "stop_string" if hit

@@ -25,6 +25,13 @@ continuation, at position 2; so the match has n=3, position 2, and the draft cop
 followed: [2, 5, 7, 9] (up to max_tokens; the copy may run into the suffix itself, which is how
 repeated patterns extend). origin = 3, the position of the first copied token.
 
+Word variants (keys=...): a quotation often starts on another form of the passage's word: the
+passage has " the", the answer "The". Given a function from token id to a normalised key (the
+engine's: the token's text stripped of surrounding space and lower-cased), the index also keeps
+the n-grams of keys, and when the latest tokens agree with an earlier place further back under
+the keys than any exact match does, that place is proposed instead (Match.kind "variant",
+extended = the agreement under keys): the copy continues with the passage's own tokens.
+
 Appending costs O(max_n) dict updates and proposing costs O(max_n) lookups plus, per compared
 occurrence, at most extend_cap comparisons and the draft's length, whatever the sequence's
 length: nothing rescans the context.
@@ -32,7 +39,8 @@ length: nothing rescans the context.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class Match:
     origin: int
     tokens: list[int]
     kind: str = "suffix"
+    own: bool = False  # copied from the generated part of the sequence (self-repetition)
 
 
 class NgramIndex:
@@ -61,7 +70,8 @@ class NgramIndex:
     skip_steps = 3  # how many tokens after a broken copy a skip proposal is still made
 
     def __init__(self, tokens: list[int] | tuple[int, ...] = (), *, min_n: int = 1, max_n: int = 4,
-                 occurrences: int = 1, follow: bool = False):
+                 occurrences: int = 1, follow: bool = False,
+                 keys: Callable[[int], Hashable] | None = None):
         if occurrences < 1:
             raise ValueError(f"occurrences must be >= 1, got {occurrences}")
         if min_n < 1:
@@ -72,7 +82,9 @@ class NgramIndex:
         self.max_n = max_n
         self.occurrences = occurrences
         self.follow = follow
+        self.keys = keys
         self.tokens: list[int] = []
+        self._keyed: list = []  # keys(token) for every token (with keys only)
         # the copy follower (follow=True): _next is the position whose token the copy under way
         # expects next; _broken where a copy stopped agreeing, _since tokens written since
         self._next: int | None = None
@@ -84,7 +96,9 @@ class NgramIndex:
         self._ends: dict[int, dict[tuple[int, ...], list[int]]] = {
             n: {} for n in range(min_n, max_n + 1)
         }
+        self._key_ends: dict[int, dict[tuple, list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
         self.extend(tokens)
+        self.prompt_length = len(self.tokens)  # what the constructor was given: the prompt
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -96,7 +110,12 @@ class NgramIndex:
         if end >= 0:
             for n in range(self.min_n, min(self.max_n, end + 1) + 1):
                 self._ends[n].setdefault(tuple(toks[end - n + 1 : end + 1]), []).append(end)
+                if self.keys is not None:
+                    self._key_ends[n].setdefault(tuple(self._keyed[end - n + 1 : end + 1]),
+                                                 []).append(end)
         toks.append(int(token))
+        if self.keys is not None:
+            self._keyed.append(self.keys(int(token)))
         if self.follow:
             self._advance(int(token))
 
@@ -135,18 +154,24 @@ class NgramIndex:
 
     def propose(self, max_tokens: int) -> Match | None:
         """Longest suffix (max_n down to min_n) seen before; among its latest `occurrences`
-        places the one agreeing furthest back, the latest among equals. With follow=True the
-        copy follower may propose instead (see `_followed`).
+        places the one agreeing furthest back, the latest among equals. With keys, a place that
+        agrees further back under the keys proposes instead (`_variant_match`); with
+        follow=True the copy follower may (see `_followed`). Match.own says whether the copy
+        comes from the generated part (past the constructor's tokens).
 
         Returns None when no suffix of length >= min_n occurred earlier (and nothing is
         followed).
         """
         match = self._suffix_match(max_tokens)
+        if self.keys is not None:
+            match = self._variant_match(match, max_tokens)
         if self.follow:
             match = self._followed(match, max_tokens)
             if match is not None and (match.kind != "suffix" or match.extended >= 2
                                       or self._broken is None):
                 self._next, self._run = match.origin, 0
+        if match is not None and match.origin >= self.prompt_length and not match.own:
+            match = replace(match, own=True)
         return match
 
     prefer_follow = True  # the followed copy wins ties with the suffix match
@@ -195,6 +220,38 @@ class NgramIndex:
             )
         return None
 
+    def _key_agreement(self, end: int, n: int) -> int:
+        """_agreement under the keys."""
+        keyed, last = self._keyed, len(self._keyed) - 1
+        extended = n
+        while (extended < self.extend_cap and end - extended >= 0
+               and keyed[end - extended] == keyed[last - extended]):
+            extended += 1
+        return extended
+
+    def _variant_match(self, match: Match | None, max_tokens: int) -> Match | None:
+        """The place agreeing furthest back under the keys (longest key suffix, then among its
+        latest `occurrences` places the furthest agreement, the latest among equals), when it
+        agrees further back than `match` does exactly."""
+        keyed, length = self._keyed, len(self._keyed)
+        for n in range(min(self.max_n, length), self.min_n - 1, -1):
+            ends = self._key_ends[n].get(tuple(keyed[length - n :]))
+            if not ends:
+                continue
+            best_end, extended = ends[-1], self._key_agreement(ends[-1], n)
+            for end in reversed(ends[-self.occurrences : -1]):
+                if extended >= self.extend_cap:
+                    break
+                agreement = self._key_agreement(end, n)
+                if agreement > extended:
+                    best_end, extended = end, agreement
+            if match is not None and extended <= match.extended:
+                return match
+            start = best_end + 1
+            return Match(n=n, extended=extended, origin=start,
+                         tokens=self.tokens[start : start + max(0, max_tokens)], kind="variant")
+        return match
+
     def alternatives(self, skip: int | None, count: int, length: int,
                      per_suffix: int = 16) -> list[list[int]]:
         """Up to `count` continuations (`length` tokens each) of earlier occurrences of the
@@ -212,3 +269,21 @@ class NgramIndex:
                 if len(found) >= count:
                     return found
         return found
+
+
+class WordKeys:
+    """Token id -> its normalised word for NgramIndex(keys=...): the token's text without
+    surrounding whitespace, lower-cased (" the", "The" and "the" share one key); a token that
+    is only whitespace keeps its own text. Looked up lazily and remembered: `decode` maps a
+    list of ids to text (a tokenizer's decode)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self._decode = decode
+        self._keys: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        key = self._keys.get(token)
+        if key is None:
+            text = self._decode([token])
+            key = self._keys[token] = text.strip().lower() or text
+        return key

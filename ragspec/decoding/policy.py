@@ -15,6 +15,16 @@ were right is likely a real quotation. Each cell starts from a prior that grows 
 and the position, then learns from the outcomes of this generator's drafts. So the rate is not
 one a but a_0, a_1, ...: E(k) = 1 + a_0 + a_0·a_1 + ...
 
+Three kinds of copy keep their evidence apart, since the same agreement means different things
+for them: copies from the prompt's passages, copies from the answer's own earlier text (a model
+repeating itself may stop at any point), and copies found under word variants (Match.kind
+"variant": the place agreed only once spelling and case were set aside).
+
+A proposal the policy (or the governor) declined is still learnt from: DraftShadow follows it
+against the tokens the model then writes, and its outcome enters the estimates as a verified
+draft's would. Without it a policy whose curve or priors say "too dear" never sees the copy that
+would prove them wrong — a verbatim quotation on a busy machine would go undrafted throughout.
+
 ForwardCost holds c(n) for n = 1..max tokens, measured once per model and device and cached
 (ragspec.decoding.calibrate), at two context lengths: attention over the cached tokens makes a
 forward dearer as the context grows, by more for more new tokens, so the policy uses the curve
@@ -34,6 +44,12 @@ from ragspec.decoding.types import DraftConfig
 # Upper bounds (inclusive) of the evidence buckets over Match.extended. Bucket 0 holds the
 # proposals with no agreeing history at all (the copy follower's skips past a replaced word).
 _BUCKETS = (0, 1, 2, 3, 5, 8, 12, 20, 32, 10**9)
+CLASSES = ("passage", "own", "variant")  # evidence kept apart (see the module docstring)
+
+
+def evidence_class(match: Match) -> int:
+    """Index into CLASSES of the evidence a match is judged by."""
+    return 2 if match.kind == "variant" else 1 if match.own else 0
 _SKIP_PRIOR = 0.25
 _PRIOR_STRENGTH = 4.0
 
@@ -84,42 +100,45 @@ class ForwardCost:
 
 
 _POSITIONS = 5  # draft positions 0..3 learned separately; 4 and beyond share one estimate
+_ROWS = len(_BUCKETS) * len(CLASSES)
 _DECAY = 0.85  # prior: each accepted draft token shrinks the chance of a rejection next by 15%
 
 
 @dataclass
 class AcceptanceModel:
-    """Beta estimates of P(draft token i is accepted | tokens 0..i-1 were), per evidence bucket
-    and position i. Measured on our development prompts, acceptance rises along a draft: after
+    """Beta estimates of P(draft token i is accepted | tokens 0..i-1 were), per evidence class,
+    evidence bucket and position i (rows: class-major, one per class and bucket). Measured on our development prompts, acceptance rises along a draft: after
     a weak one-token match, the first draft token was accepted 34% of the time but the third,
     given two accepted, 93% (the model had started quoting). A single rate per match would
     keep such drafts too short."""
 
     accepted: list[list[float]] = field(
-        default_factory=lambda: [[0.0] * _POSITIONS for _ in _BUCKETS])
+        default_factory=lambda: [[0.0] * _POSITIONS for _ in range(_ROWS)])
     rejected: list[list[float]] = field(
-        default_factory=lambda: [[0.0] * _POSITIONS for _ in _BUCKETS])
+        default_factory=lambda: [[0.0] * _POSITIONS for _ in range(_ROWS)])
 
     @staticmethod
-    def bucket(extended: int) -> int:
-        return bisect.bisect_left(_BUCKETS, extended)
+    def bucket(extended: int, cls: int = 0) -> int:
+        return cls * len(_BUCKETS) + bisect.bisect_left(_BUCKETS, extended)
 
     @staticmethod
     def prior(bucket: int, position: int = 0) -> float:
         # first token: e/(e+2) at the bucket's lower edge (1 -> 0.33, 2 -> 0.5, 4 -> 0.67, ...);
-        # the miss chance then shrinks by _DECAY per accepted token
+        # the miss chance then shrinks by _DECAY per accepted token. The same for every class:
+        # only the outcomes tell the classes apart.
+        bucket %= len(_BUCKETS)
         low = _BUCKETS[bucket - 1] + 1 if bucket else 0
         first = low / (low + 2.0) if low else _SKIP_PRIOR
         return 1.0 - (1.0 - first) * _DECAY ** min(position, _POSITIONS - 1)
 
-    def rate(self, extended: int, position: int = 0) -> float:
-        b, i = self.bucket(extended), min(position, _POSITIONS - 1)
+    def rate(self, extended: int, position: int = 0, cls: int = 0) -> float:
+        b, i = self.bucket(extended, cls), min(position, _POSITIONS - 1)
         a0 = self.prior(b, i) * _PRIOR_STRENGTH
         acc, rej = self.accepted[b][i], self.rejected[b][i]
         return (acc + a0) / (acc + rej + _PRIOR_STRENGTH)
 
-    def observe(self, extended: int, drafted: int, accepted: int) -> None:
-        b = self.bucket(extended)
+    def observe(self, extended: int, drafted: int, accepted: int, cls: int = 0) -> None:
+        b = self.bucket(extended, cls)
         for i in range(min(accepted, drafted)):
             self.accepted[b][min(i, _POSITIONS - 1)] += 1
         if accepted < drafted:
@@ -155,7 +174,8 @@ class DraftPolicy:
             return 0
         if not self.config.adaptive:
             return limit
-        rates = [self.acceptance.rate(match.extended, i) for i in range(_POSITIONS)]
+        cls = evidence_class(match)
+        rates = [self.acceptance.rate(match.extended, i, cls) for i in range(_POSITIONS)]
         best_k, best_rate = 0, 1.0 / self.cost(1, context)
         for k in range(1, limit + 1):
             tokens_per_s = expected_tokens(rates, k) / self.cost(k + 1, context)
@@ -164,7 +184,36 @@ class DraftPolicy:
         return best_k
 
     def observe(self, match: Match, drafted: int, accepted: int) -> None:
-        self.acceptance.observe(match.extended, drafted, accepted)
+        self.acceptance.observe(match.extended, drafted, accepted, evidence_class(match))
+
+
+class DraftShadow:
+    """Per generation: learn from proposals that were not verified. `follow` a declined
+    proposal (one at a time, its first `length` tokens); `push` each token the generation
+    writes; once the proposal is decided (a token differs, or all `length` agreed) the policy
+    observes it as if it had been drafted. Exact: it only changes what the policy has learnt."""
+
+    length = 4
+
+    def __init__(self, policy: DraftPolicy):
+        self.policy = policy
+        self._pending: tuple[Match, int, int] | None = None  # match, length, agreed so far
+
+    def follow(self, match: Match | None) -> None:
+        if match is not None and match.tokens and self._pending is None:
+            self._pending = (match, min(self.length, len(match.tokens)), 0)
+
+    def push(self, token: int) -> None:
+        if self._pending is None:
+            return
+        match, length, agreed = self._pending
+        if token == match.tokens[agreed]:
+            agreed += 1
+            if agreed < length:
+                self._pending = (match, length, agreed)
+                return
+        self._pending = None
+        self.policy.observe(match, length, agreed)
 
 
 class DraftGovernor:

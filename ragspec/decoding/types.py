@@ -189,6 +189,8 @@ class DraftConfig:
     follow: keep following the place a draft was copied from (ragspec.decoding.ngram): the
         copy under way proposes its next tokens, and just after the model replaced a word of
         it, the copy from one word on.
+    variants: match drafts across word variants too (" the" / "The": ragspec.decoding.ngram),
+        so a quotation that starts on another form of the passage's word is still found.
     governed: bound what drafts may lose to plain decoding in one generation (with adaptive;
         ragspec.decoding.policy.DraftGovernor): a generation that drafts badly falls back to
         plain steps.
@@ -202,6 +204,7 @@ class DraftConfig:
     occurrences: int = 8
     governed: bool = True
     follow: bool = True
+    variants: bool = True
 
     def __post_init__(self) -> None:
         if self.min_ngram < 1:
