@@ -106,7 +106,7 @@ def export(model, names: list[str], target: Path) -> None:
             self.bert = bert
 
         def forward(self, *tensors):
-            return self.bert(**dict(zip(names, tensors)), return_dict=True).last_hidden_state
+            return self.bert(**dict(zip(names, tensors, strict=True)), return_dict=True).last_hidden_state
 
     features = model.preprocess(list(PROBE))  # padded: the traced graph keeps the mask
     sample = tuple(features[name] for name in names)
