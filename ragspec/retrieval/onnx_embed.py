@@ -17,6 +17,12 @@ weights or another exporter make a new file. It is written beside its final name
 the first one's export and reuse it. A file that does not load, or loads but disagrees with
 the torch model on the probe batch (damaged on disk), is removed and made again, once.
 
+Whether it pays differs between machines (measured on a 2-core Xeon with AVX-512, torch 2.13's
+forward took 0.7x the CPU time of onnxruntime's; elsewhere onnxruntime was 1.7-2x faster), so
+`speedup()` measures it once per machine: the CPU time (all threads) of both forwards on one
+fixed batch, best of three rounds each, kept beside the ONNX file under a key of this CPU's
+model and flags, the thread count and both engines' versions.
+
 Threads: onnxruntime uses as many threads within an operator as torch does
 (`torch.get_num_threads()`, 2 on a 2-core machine), one between operators; with
 OMP_WAIT_POLICY=PASSIVE its idle threads sleep instead of spinning, as torch's do.
@@ -26,15 +32,20 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
+import platform
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from ragspec.fileio import write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +59,24 @@ PROBE = (
     "Passages are embedded in batches sorted by length, each padded to its longest passage.",
     "Word pieces past the model's limit are cut off.",
 )
+
+
+# The timed batch: 16 passages of ~140 word pieces, about what a PDF's passages are.
+SPEED_BATCH = (" ".join(PROBE) + " ") * 3
+SPEED_ROUNDS = 3
+
+
+def cpu_key(threads: int) -> str:
+    """This CPU (model name and flags), the thread count and both engines' versions."""
+    lines = []
+    try:
+        lines = [line for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace")
+                 if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        pass
+    text = "".join(lines) + f"{platform.machine()} threads {threads} torch {version('torch')} " \
+                            f"onnxruntime {version('onnxruntime')}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class OnnxUnavailable(RuntimeError):
@@ -120,11 +149,18 @@ def export(model, names: list[str], target: Path) -> None:
                           opset_version=OPSET, dynamo=False)
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 class OnnxEncoder:
     """The model's transformer in an onnxruntime session; see the module docstring."""
 
-    def __init__(self, model, session, names: list[str], path: Path) -> None:
+    def __init__(self, model, session, names: list[str], path: Path, threads: int = 1) -> None:
         self.model, self.session, self.names, self.path = model, session, names, path
+        self.threads = threads
 
     @classmethod
     def load(cls, model, folder: str | os.PathLike, cache_dir: str | os.PathLike,
@@ -147,7 +183,8 @@ class OnnxEncoder:
                 if not path.exists():
                     cls._export_to(model, names, path)
                 try:
-                    encoder = cls(model, cls._session(path, threads), names, path)
+                    threads = threads or _torch_threads()
+                    encoder = cls(model, cls._session(path, threads), names, path, threads)
                     encoder.check()
                     return encoder
                 except Exception as exc:  # noqa: BLE001 - onnxruntime's errors have no common base
@@ -176,18 +213,47 @@ class OnnxEncoder:
             shutil.rmtree(work, ignore_errors=True)
 
     @staticmethod
-    def _session(path: Path, threads: int | None):
+    def _session(path: Path, threads: int):
         import onnxruntime as ort
-        import torch
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.log_severity_level = 3  # errors only: its warnings are about graph rewrites
         if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def speedup(self) -> float:
+        """CPU time of torch's forward over onnxruntime's on this machine (> 1: onnxruntime is
+        faster), measured on the first call on a machine and read back after that."""
+        record = self.path.with_name(f"{self.path.stem}.speed-{cpu_key(self.threads)}.json")
+        try:
+            return float(json.loads(record.read_text())["speedup"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        import torch
+
+        texts = [SPEED_BATCH] * 16
+
+        def cpu_seconds(run) -> float:
+            run()  # warm: first calls allocate
+            best = float("inf")
+            for _ in range(SPEED_ROUNDS):
+                start = time.process_time()
+                run()
+                best = min(best, time.process_time() - start)
+            return best
+
+        with torch.inference_mode():
+            torch_s = cpu_seconds(lambda: self.model.encode(texts, batch_size=16,
+                                                            show_progress_bar=False))
+        onnx_s = cpu_seconds(lambda: self.encode(texts, 16))
+        measured = {"speedup": torch_s / onnx_s, "torch_cpu_s": torch_s, "onnx_cpu_s": onnx_s,
+                    "threads": self.threads, "passages": len(texts)}
+        write_atomically(record, json.dumps(measured))
+        return measured["speedup"]
 
     def check(self) -> None:
         """Raise ValueError when this session's vectors of the probe batch are not torch's."""
