@@ -126,7 +126,7 @@ def fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path, **kwargs) -> Embedder:
 def test_the_switch_on_uses_onnxruntime_for_passages_and_queries(tiny_torch, tiny_folder,
                                                                   tmp_path, monkeypatch):
     monkeypatch.setenv("RAGSPEC_EMBEDDER_ONNX", "1")
-    monkeypatch.setattr(OnnxEncoder, "speedup", lambda self: pytest.fail("measured: forced on"))
+    monkeypatch.setattr(OnnxEncoder, "speedup", lambda *a: pytest.fail("measured: forced on"))
     embedder = fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path)
     assert embedder.backend == "onnxruntime"
     assert list((tmp_path / "embedders").glob("*.onnx"))
@@ -138,14 +138,16 @@ def test_the_switch_on_uses_onnxruntime_for_passages_and_queries(tiny_torch, tin
 def test_the_speed_is_measured_once_per_machine_and_read_back(tiny_torch, tiny_folder, tmp_path,
                                                               monkeypatch):
     encoder = load(tiny_torch, tiny_folder, tmp_path)
-    speedup = encoder.speedup()
-    [record] = tmp_path.glob("*.speed-*.json")
+    speedup = encoder.speedup(32)
+    [record] = tmp_path.glob("*.speed-*-b32.json")
     assert speedup > 0 and json.loads(record.read_text())["speedup"] == speedup
     monkeypatch.setattr(onnx_embed.time, "process_time", lambda: pytest.fail("measured again"))
-    assert load(tiny_torch, tiny_folder, tmp_path).speedup() == speedup
-    monkeypatch.setattr(onnx_embed, "cpu_key", lambda threads: "another-machine")
-    with pytest.raises(pytest.fail.Exception, match="measured again"):
-        encoder.speedup()
+    assert load(tiny_torch, tiny_folder, tmp_path).speedup(32) == speedup
+    for other in (lambda: encoder.speedup(8), lambda: (
+            monkeypatch.setattr(onnx_embed, "cpu_key", lambda threads: "another-machine"),
+            encoder.speedup(32))):
+        with pytest.raises(pytest.fail.Exception, match="measured again"):
+            other()
 
 
 @pytest.mark.parametrize("speedup, backend", [(0.7, "sentence-transformers"),
@@ -153,7 +155,7 @@ def test_the_speed_is_measured_once_per_machine_and_read_back(tiny_torch, tiny_f
 def test_by_default_onnxruntime_is_used_only_where_it_measured_faster(
         tiny_torch, tiny_folder, tmp_path, monkeypatch, speedup, backend):
     monkeypatch.delenv("RAGSPEC_EMBEDDER_ONNX", raising=False)
-    monkeypatch.setattr(OnnxEncoder, "speedup", lambda self: speedup)
+    monkeypatch.setattr(OnnxEncoder, "speedup", lambda self, batch_size: speedup)
     embedder = fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path)
     assert embedder.backend == backend
     assert np.abs(embedder.embed_array(TEXTS) - tiny_torch.embed_array(TEXTS)).max() < TOLERANCE

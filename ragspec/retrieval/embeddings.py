@@ -159,7 +159,7 @@ class Embedder(Embeddings):
                     logger.warning("embedder %s: %s; embedding with sentence-transformers "
                                    "instead (%s=0 turns this off)", self.name, exc, ONNX_ENV_VAR)
                     return False
-                speedup = None if self.onnx else encoder.speedup()
+                speedup = None if self.onnx else encoder.speedup(self.batch_size)
                 if speedup is None or speedup >= MIN_SPEEDUP:
                     self._encoder = encoder
                 else:

@@ -19,9 +19,11 @@ the torch model on the probe batch (damaged on disk), is removed and made again,
 
 Whether it pays differs between machines (measured on a 2-core Xeon with AVX-512, torch 2.13's
 forward took 0.7x the CPU time of onnxruntime's; elsewhere onnxruntime was 1.7-2x faster), so
-`speedup()` measures it once per machine: the CPU time (all threads) of both forwards on one
-fixed batch, best of three rounds each, kept beside the ONNX file under a key of this CPU's
-model and flags, the thread count and both engines' versions.
+`speedup(batch_size)` measures it once per machine: the CPU time (all threads) of both forwards
+on 32 fixed passages of ~140 word pieces in batches of the size the embedder uses (torch gains
+much more from larger batches than onnxruntime: at 8 onnxruntime was 1.4-1.6x faster here, at 32
+0.8x), best of two rounds each, kept beside the ONNX file under a key of this CPU's model and
+flags, the thread count, the batch size and both engines' versions.
 
 Threads: onnxruntime uses as many threads within an operator as torch does
 (`torch.get_num_threads()`, 2 on a 2-core machine), one between operators; with
@@ -61,9 +63,9 @@ PROBE = (
 )
 
 
-# The timed batch: 16 passages of ~140 word pieces, about what a PDF's passages are.
+# The timed passages: 32 of ~140 word pieces, about what a PDF's passages are.
 SPEED_BATCH = (" ".join(PROBE) + " ") * 3
-SPEED_ROUNDS = 3
+SPEED_ROUNDS = 2
 
 
 def cpu_key(threads: int) -> str:
@@ -225,17 +227,18 @@ class OnnxEncoder:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
-    def speedup(self) -> float:
-        """CPU time of torch's forward over onnxruntime's on this machine (> 1: onnxruntime is
-        faster), measured on the first call on a machine and read back after that."""
-        record = self.path.with_name(f"{self.path.stem}.speed-{cpu_key(self.threads)}.json")
+    def speedup(self, batch_size: int = 32) -> float:
+        """CPU time of torch's forward over onnxruntime's on this machine at this batch size
+        (> 1: onnxruntime is faster), measured on the first call and read back after that."""
+        record = self.path.with_name(
+            f"{self.path.stem}.speed-{cpu_key(self.threads)}-b{batch_size}.json")
         try:
             return float(json.loads(record.read_text())["speedup"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
         import torch
 
-        texts = [SPEED_BATCH] * 16
+        texts = [SPEED_BATCH] * 32
 
         def cpu_seconds(run) -> float:
             run()  # warm: first calls allocate
@@ -247,11 +250,11 @@ class OnnxEncoder:
             return best
 
         with torch.inference_mode():
-            torch_s = cpu_seconds(lambda: self.model.encode(texts, batch_size=16,
+            torch_s = cpu_seconds(lambda: self.model.encode(texts, batch_size=batch_size,
                                                             show_progress_bar=False))
-        onnx_s = cpu_seconds(lambda: self.encode(texts, 16))
+        onnx_s = cpu_seconds(lambda: self.encode(texts, batch_size))
         measured = {"speedup": torch_s / onnx_s, "torch_cpu_s": torch_s, "onnx_cpu_s": onnx_s,
-                    "threads": self.threads, "passages": len(texts)}
+                    "threads": self.threads, "batch_size": batch_size, "passages": len(texts)}
         write_atomically(record, json.dumps(measured))
         return measured["speedup"]
 
