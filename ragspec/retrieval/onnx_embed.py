@@ -20,7 +20,7 @@ the torch model on the probe batch (damaged on disk), is removed and made again,
 Whether it pays differs between machines (measured on a 2-core Xeon with AVX-512, torch 2.13's
 forward took 0.7x the CPU time of onnxruntime's; elsewhere onnxruntime was 1.7-2x faster), so
 `speedup(batch_size)` measures it once per machine: the CPU time (all threads) of both forwards
-on 32 fixed passages of ~140 word pieces in batches of the size the embedder uses (torch gains
+on 32 fixed passages of ~220 word pieces in batches of the size the embedder uses (torch gains
 much more from larger batches than onnxruntime: at 8 onnxruntime was 1.4-1.6x faster here, at 32
 0.8x), best of two rounds each, kept beside the ONNX file under a key of this CPU's model and
 flags, the thread count, the batch size and both engines' versions.
@@ -63,8 +63,9 @@ PROBE = (
 )
 
 
-# The timed passages: 32 of ~140 word pieces, about what a PDF's passages are.
-SPEED_BATCH = (" ".join(PROBE) + " ") * 3
+# The timed passages: 32 of ~220 word pieces, about what a PDF's passages are (median 188 in
+# libtasn1's manual, most near the limit of 256).
+SPEED_BATCH = (" ".join(PROBE) + " ") * 5
 SPEED_ROUNDS = 2
 
 
@@ -77,7 +78,7 @@ def cpu_key(threads: int) -> str:
     except OSError:
         pass
     text = "".join(lines) + f"{platform.machine()} threads {threads} torch {version('torch')} " \
-                            f"onnxruntime {version('onnxruntime')}"
+                            f"onnxruntime {version('onnxruntime')} {SPEED_BATCH}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
