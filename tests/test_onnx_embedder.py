@@ -163,6 +163,17 @@ def test_by_default_onnxruntime_is_used_only_where_it_measured_faster(
     assert np.abs(embedder.embed_array(TEXTS) - tiny_torch.embed_array(TEXTS)).max() < TOLERANCE
 
 
+def test_where_torch_measured_faster_a_later_load_opens_no_session(tiny_torch, tiny_folder,
+                                                                   tmp_path, monkeypatch):
+    monkeypatch.delenv("RAGSPEC_EMBEDDER_ONNX", raising=False)
+    monkeypatch.setattr(OnnxEncoder, "speedup", lambda self, batch_size: 0.7)
+    assert fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path).backend == "sentence-transformers"
+    [path] = (tmp_path / "embedders").glob("*.onnx")
+    onnx_embed._speed_record(path, onnx_embed._torch_threads(), 32).write_text('{"speedup": 0.7}')
+    monkeypatch.setattr(OnnxEncoder, "load", lambda *a, **k: pytest.fail("opened a session"))
+    assert fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path).backend == "sentence-transformers"
+
+
 @pytest.mark.parametrize("how", ["env", "option"])
 def test_the_switch_keeps_torch_and_exports_nothing(tiny_torch, tiny_folder, tmp_path,
                                                     monkeypatch, how):

@@ -155,8 +155,13 @@ class Embedder(Embeddings):
             if self.onnx is not False and model.device.type == "cpu":
                 from ragspec.retrieval.onnx_embed import OnnxEncoder, OnnxUnavailable
 
+                cache = paths.models_dir() / "embedders"
+                if self.onnx is None and Path(self._path).is_dir():
+                    known = OnnxEncoder.recorded_speedup(self._path, cache, self.batch_size)
+                    if known is not None and known < MIN_SPEEDUP:
+                        return False  # measured here before: torch is the faster one
                 try:
-                    encoder = OnnxEncoder.load(model, self._path, paths.models_dir() / "embedders")
+                    encoder = OnnxEncoder.load(model, self._path, cache)
                 except OnnxUnavailable as exc:
                     logger.warning("embedder %s: %s; embedding with sentence-transformers "
                                    "instead (%s=0 turns this off)", self.name, exc, ONNX_ENV_VAR)

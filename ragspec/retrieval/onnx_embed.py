@@ -18,7 +18,7 @@ the first one's export and reuse it. A file that does not load, or loads but dis
 the torch model on the probe batch (damaged on disk), is removed and made again, once.
 
 Whether it pays differs between machines (measured on a 2-core Xeon with AVX-512, torch 2.13's
-forward took 0.7x the CPU time of onnxruntime's; elsewhere onnxruntime was 1.7-2x faster), so
+forward took 0.75x the CPU time of onnxruntime's; elsewhere onnxruntime was 1.7-2x faster), so
 `speedup(batch_size)` measures it once per machine: the CPU time (all threads) of both forwards
 on 32 fixed passages of ~220 word pieces in batches of the size the embedder uses (torch gains
 much more from larger batches than onnxruntime: at 8 onnxruntime was 1.4-1.6x faster here, at 32
@@ -152,6 +152,17 @@ def export(model, names: list[str], target: Path) -> None:
                           opset_version=OPSET, dynamo=False)
 
 
+def _speed_record(path: Path, threads: int, batch_size: int) -> Path:
+    return path.with_name(f"{path.stem}.speed-{cpu_key(threads)}-b{batch_size}.json")
+
+
+def _read_speedup(record: Path) -> float | None:
+    try:
+        return float(json.loads(record.read_text())["speedup"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _torch_threads() -> int:
     import torch
 
@@ -228,15 +239,21 @@ class OnnxEncoder:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
+    @staticmethod
+    def recorded_speedup(folder: str | os.PathLike, cache_dir: str | os.PathLike,
+                         batch_size: int = 32, threads: int | None = None) -> float | None:
+        """What `speedup` measured for this model folder here before, None if nothing (no
+        session is opened: a machine where torch won pays only for hashing the folder)."""
+        path = Path(cache_dir) / f"{folder_digest(Path(folder))}.onnx"
+        return _read_speedup(_speed_record(path, threads or _torch_threads(), batch_size))
+
     def speedup(self, batch_size: int = 32) -> float:
         """CPU time of torch's forward over onnxruntime's on this machine at this batch size
         (> 1: onnxruntime is faster), measured on the first call and read back after that."""
-        record = self.path.with_name(
-            f"{self.path.stem}.speed-{cpu_key(self.threads)}-b{batch_size}.json")
-        try:
-            return float(json.loads(record.read_text())["speedup"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        record = _speed_record(self.path, self.threads, batch_size)
+        known = _read_speedup(record)
+        if known is not None:
+            return known
         import torch
 
         texts = [SPEED_BATCH] * 32
