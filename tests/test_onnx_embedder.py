@@ -1,5 +1,5 @@
 """The embedder's transformer in onnxruntime: the same vectors as sentence-transformers' torch
-forward, the exported file made once and reused, a damaged or half-written file never used,
+forward, the exported file made once and reused, a damaged, wrong or half-written file never used,
 chosen by default only where it measured faster (once per machine), and torch's forward whenever
 onnxruntime cannot run (one line says why).
 
@@ -104,6 +104,29 @@ def test_a_damaged_cache_file_is_exported_again(tiny_torch, tiny_folder, tmp_pat
     monkeypatch.setattr(onnx_embed, "export", lambda *a: (exports.append(a), real_export(*a)))
     encoder = load(tiny_torch, tiny_folder, tmp_path)
     assert len(exports) == 1 and encoder.path.stat().st_size > len(data) // 2
+    assert np.abs(encoder.encode(TEXTS) - tiny_torch.embed_array(TEXTS)).max() < TOLERANCE
+
+
+def test_a_cache_file_that_loads_but_gives_other_vectors_is_exported_again(
+        tiny_torch, tiny_folder, tmp_path, monkeypatch):
+    import torch
+
+    path = load(tiny_torch, tiny_folder, tmp_path).path
+    weight = tiny_torch.model[0].auto_model.embeddings.word_embeddings.weight
+    saved = weight.detach().clone()
+    with torch.no_grad():
+        weight.mul_(-1.0)  # another model's file under this model's name
+    try:
+        onnx_embed.export(tiny_torch.model, ["input_ids", "attention_mask", "token_type_ids"],
+                          path)
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+    exports = []
+    real_export = onnx_embed.export
+    monkeypatch.setattr(onnx_embed, "export", lambda *a: (exports.append(a), real_export(*a)))
+    encoder = load(tiny_torch, tiny_folder, tmp_path)
+    assert len(exports) == 1
     assert np.abs(encoder.encode(TEXTS) - tiny_torch.embed_array(TEXTS)).max() < TOLERANCE
 
 
