@@ -177,9 +177,9 @@ def test_the_speed_is_measured_once_per_machine_and_read_back(tiny_torch, tiny_f
 
 @pytest.mark.parametrize("speedup, backend", [(0.7, "sentence-transformers"),
                                               (1.7, "onnxruntime")])
-def test_by_default_onnxruntime_is_used_only_where_it_measured_faster(
+def test_auto_uses_onnxruntime_only_where_it_measured_faster(
         tiny_torch, tiny_folder, tmp_path, monkeypatch, speedup, backend):
-    monkeypatch.delenv("RAGSPEC_EMBEDDER_ONNX", raising=False)
+    monkeypatch.setenv("RAGSPEC_EMBEDDER_ONNX", "auto")
     monkeypatch.setattr(OnnxEncoder, "speedup", lambda self, batch_size: speedup)
     embedder = fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path)
     assert embedder.backend == backend
@@ -188,7 +188,7 @@ def test_by_default_onnxruntime_is_used_only_where_it_measured_faster(
 
 def test_where_torch_measured_faster_a_later_load_opens_no_session(tiny_torch, tiny_folder,
                                                                    tmp_path, monkeypatch):
-    monkeypatch.delenv("RAGSPEC_EMBEDDER_ONNX", raising=False)
+    monkeypatch.setenv("RAGSPEC_EMBEDDER_ONNX", "auto")
     monkeypatch.setattr(OnnxEncoder, "speedup", lambda self, batch_size: 0.7)
     assert fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path).backend == "sentence-transformers"
     [path] = (tmp_path / "embedders").glob("*.onnx")
@@ -197,9 +197,10 @@ def test_where_torch_measured_faster_a_later_load_opens_no_session(tiny_torch, t
     assert fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path).backend == "sentence-transformers"
 
 
-@pytest.mark.parametrize("how", ["env", "option"])
+@pytest.mark.parametrize("how", ["unset", "env", "option"])
 def test_the_switch_keeps_torch_and_exports_nothing(tiny_torch, tiny_folder, tmp_path,
                                                     monkeypatch, how):
+    monkeypatch.delenv("RAGSPEC_EMBEDDER_ONNX", raising=False)
     if how == "env":
         monkeypatch.setenv("RAGSPEC_EMBEDDER_ONNX", "0")
     embedder = fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path,

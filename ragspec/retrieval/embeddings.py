@@ -80,7 +80,8 @@ class Embedder(Embeddings):
     device: "cpu", "cuda", ... ; None lets sentence-transformers pick (CUDA when available).
     batch_size: texts per forward pass when embedding many passages.
     onnx: run the transformer in onnxruntime on the CPU: True always, False never, None as
-        RAGSPEC_EMBEDDER_ONNX says (1, 0; unset: where it measures faster on this machine).
+        RAGSPEC_EMBEDDER_ONNX says (1: always; auto: where it measures faster on this machine;
+        unset or 0: never).
     """
 
     def __init__(
@@ -101,7 +102,8 @@ class Embedder(Embeddings):
         self.device = device
         self.batch_size = batch_size
         if onnx is None:
-            onnx = {"1": True, "0": False}.get(os.environ.get(ONNX_ENV_VAR, "").strip())
+            choice = os.environ.get(ONNX_ENV_VAR, "").strip().lower()
+            onnx = {"1": True, "auto": None}.get(choice, False)
         self.onnx = onnx  # None: where it measures faster
         self._model = None
         self._encoder = None  # OnnxEncoder once loaded; False: torch's forward
