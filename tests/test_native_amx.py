@@ -68,3 +68,16 @@ def test_amx_rows_do_not_depend_on_the_rows_or_threads_beside_them(ops, fmt):
         assert torch.equal(ops.qmatmul(x, data, code, k), full)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_long_forward_of_a_tiled_linear_takes_the_amx_kernel(ops):
+    from ragspec.decoding.packed import PackedLinear, PackedWeight, tile
+
+    n, k = 70, 512
+    w = tile(PackedWeight(torch.from_numpy(random_packed("Q4_K", n, k, seed=15)), "Q4_K", k))
+    layer = PackedLinear(w)
+    x = torch.randn(1, 150, k, generator=torch.Generator().manual_seed(16))
+    long = layer(x)  # a prompt's 150 rows: no longer de-quantised for a bf16/fp32 matmul
+    assert torch.equal(long[0], ops.qmatmul(x[0], w.data, w.code, k))
+    # and so the same bits as steps of at most 64 rows over the same inputs
+    assert torch.equal(long, torch.cat([layer(x[:, i:i + 50]) for i in range(0, 150, 50)], dim=1))

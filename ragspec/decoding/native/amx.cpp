@@ -7,14 +7,13 @@
 //   the order tiled.h keeps the quants in, so decoding is the VNNI kernel's, plus the shift that
 //   makes the values signed (q − 8, q − 16, q − 32, Q8_0's stored +128 undone). Scales and
 //   offsets are decoded into 16-lane fp32 vectors beside it.
-// - 16 activation rows at a time (the "A" tile: 16 rows of S int8 values, read in place with the
-//   rows' stride), `tdpbssd` gives the 16 × 16 exact integer sums of one group. They are stored
+// - 16 activation rows at a time (the "A" tile: 16 rows of S int8 values; the rows are first
+//   packed so that each such tile is 16·S consecutive bytes), `tdpbssd` gives the 16 × 16 exact integer sums of one group. They are stored
 //   and each row's accumulator takes them with the VNNI kernel's own fp32 steps:
 //   acc = fma(float(sum), w_scale · x_scale, acc), then for formats with an offset
-//   acc = fma(w_offset, x_scale · Σx, acc). Two groups are in flight at once (tiles 0-1 sums,
-//   2-3 activations, 4-5 weights).
-// - Rows past the last multiple of 16 are copied into a zero-padded block; the padding rows are
-//   never stored.
+//   acc = fma(w_offset, x_scale · Σx, acc). Four sums are in flight at once (tiles 0-3 sums,
+//   4-5 activations, 6-7 weights).
+// - Rows past the last multiple of 16 are padded with zeros; the padding rows are never stored.
 // Rows are taken in chunks small enough that a chunk's int8 activations stay in the L2 cache
 // while every column tile of the task passes over them (a tile is decoded once per chunk).
 //
@@ -113,16 +112,18 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-1: 16 x 16 int32 sums; 2-3: 16 activation rows of S bytes; 4-5: S/4 rows of 64 weight bytes.
+// Tiles 0-3: 16 x 16 int32 sums; 4-5: 16 activation rows of S bytes; 6-7: S/4 rows of 64 weight bytes.
 void configure(int S) {
   TileConfig c;
-  for (int t = 0; t < 2; ++t) {
+  for (int t = 0; t < 4; ++t) {
     c.rows[t] = 16;
     c.colsb[t] = 64;
-    c.rows[2 + t] = 16;
-    c.colsb[2 + t] = uint16_t(S);
-    c.rows[4 + t] = uint8_t(S / 4);
-    c.colsb[4 + t] = 64;
+  }
+  for (int t = 4; t < 6; ++t) {
+    c.rows[t] = 16;
+    c.colsb[t] = uint16_t(S);
+    c.rows[t + 2] = uint8_t(S / 4);
+    c.colsb[t + 2] = 64;
   }
   RS_TILE_FENCE();
   _tile_loadconfig(&c);
@@ -132,7 +133,7 @@ void configure(int S) {
 struct Scratch {
   std::vector<int8_t> w, pad_q;
   std::vector<float> scale, offset, pad_d, pad_s;
-  alignas(64) int32_t sums[2][256];
+  alignas(64) int32_t sums[4][256];
 };
 
 template <int FMT>
@@ -228,8 +229,18 @@ inline void take(__m512* acc, const int32_t* c, int64_t u, const float* scale, c
   }
 }
 
-// 16 activation rows (a: int8, row stride k; xd, xs: their group scales and d·Σq, stride G)
+// One sum of S values for 16 rows into tile `C` (activations into tile A, weights into tile B).
+#define RS_SUM(C, A, B, u)                       \
+  do {                                           \
+    _tile_zero(C);                               \
+    _tile_loadd(A, a + (u) * S * 16, S);         \
+    _tile_loadd(B, wb + (u) * S * 16, 64);       \
+    _tile_dpbssd(C, A, B);                       \
+  } while (0)
+
+// 16 activation rows (a: int8, packed by sums: 16 rows of S values, then the next sum; xd, xs: their group scales and d·Σq, stride G)
 // against one decoded tile; the first `rows` rows' columns `cols` stored at y (stride ldy).
+// Four sums are in flight at once (tiles 0-3), their activations and weights in tiles 4-7.
 template <int FMT>
 void block16(const int8_t* a, int64_t k, const float* xd, const float* xs, const Scratch& sc_in,
              int32_t (*sums)[256], float* y, int64_t ldy, int rows, __mmask16 cols) {
@@ -241,27 +252,21 @@ void block16(const int8_t* a, int64_t k, const float* xd, const float* xs, const
   __m512 acc[16];
   for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
   int64_t u = 0;
-  for (; u + 2 <= units; u += 2) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_loadd(2, a + u * S, k);
-    _tile_loadd(4, wb + u * S * 16, 64);
-    _tile_loadd(3, a + (u + 1) * S, k);
-    _tile_loadd(5, wb + (u + 1) * S * 16, 64);
-    _tile_dpbssd(0, 2, 4);
-    _tile_dpbssd(1, 3, 5);
+  for (; u + 4 <= units; u += 4) {
+    RS_SUM(0, 4, 6, u);
+    RS_SUM(1, 5, 7, u + 1);
+    RS_SUM(2, 4, 6, u + 2);
+    RS_SUM(3, 5, 7, u + 3);
     _tile_stored(0, sums[0], 64);
     _tile_stored(1, sums[1], 64);
+    _tile_stored(2, sums[2], 64);
+    _tile_stored(3, sums[3], 64);
     RS_TILE_FENCE();
-    take<FMT>(acc, sums[0], u, scale, offset, xd, xs, G);
-    take<FMT>(acc, sums[1], u + 1, scale, offset, xd, xs, G);
+    for (int i = 0; i < 4; ++i) take<FMT>(acc, sums[i], u + i, scale, offset, xd, xs, G);
     RS_TILE_FENCE();
   }
-  if (u < units) {
-    _tile_zero(0);
-    _tile_loadd(2, a + u * S, k);
-    _tile_loadd(4, wb + u * S * 16, 64);
-    _tile_dpbssd(0, 2, 4);
+  for (; u < units; ++u) {
+    RS_SUM(0, 4, 6, u);
     _tile_stored(0, sums[0], 64);
     RS_TILE_FENCE();
     take<FMT>(acc, sums[0], u, scale, offset, xd, xs, G);
@@ -269,6 +274,8 @@ void block16(const int8_t* a, int64_t k, const float* xd, const float* xs, const
   }
   for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, cols, acc[r]);
 }
+
+#undef RS_SUM
 
 template <int FMT>
 void columns(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, float* y, int64_t ldy) {
@@ -278,13 +285,23 @@ void columns(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, 
   s.w.resize(size_t(G) * 512);
   s.scale.resize(size_t(k / S) * 16);
   s.offset.resize(size_t(G) * 16);
-  const int64_t tail = m / 16 * 16;
-  if (tail < m) {  // the last rows, zero-padded to 16
+  // the rows' int8 values packed 16 rows at a time, sum by sum (each tile load reads 16·S
+  // consecutive bytes); the last rows zero-padded to 16
+  const int64_t blocks16 = (m + 15) / 16, tail = m / 16 * 16, units = k / S;
+  s.pad_q.resize(size_t(blocks16 * 16 * k));
+  for (int64_t r = 0; r < blocks16 * 16; ++r) {
+    int8_t* dst = s.pad_q.data() + (r / 16) * 16 * k + (r % 16) * S;
+    if (r >= m) {
+      for (int64_t u = 0; u < units; ++u) std::memset(dst + u * 16 * S, 0, S);
+      continue;
+    }
+    const int8_t* src = x.q.data() + r * k;
+    for (int64_t u = 0; u < units; ++u) std::memcpy(dst + u * 16 * S, src + u * S, S);
+  }
+  if (tail < m) {  // their scales, zero-padded
     const int64_t extra = m - tail;
-    s.pad_q.assign(size_t(16 * k), 0);
     s.pad_d.assign(size_t(16 * G), 0.0f);
     s.pad_s.assign(size_t(16 * G), 0.0f);
-    std::memcpy(s.pad_q.data(), x.q.data() + tail * k, size_t(extra * k));
     std::memcpy(s.pad_d.data(), x.d.data() + tail * G, size_t(extra * G) * 4);
     std::memcpy(s.pad_s.data(), x.dsum.data() + tail * G, size_t(extra * G) * 4);
   }
@@ -301,11 +318,11 @@ void columns(const Activations& x, const WeightView& w, int64_t n0, int64_t n1, 
       RS_TILE_FENCE();
       for (int64_t r = r0; r < r1; r += 16) {
         float* yc = y + r * ldy + c0;
+        const int8_t* a = s.pad_q.data() + r * k;
         if (r + 16 <= m) {
-          block16<FMT>(x.q.data() + r * k, k, x.d.data() + r * G, x.dsum.data() + r * G, s, s.sums, yc, ldy,
-                       16, cols);
+          block16<FMT>(a, k, x.d.data() + r * G, x.dsum.data() + r * G, s, s.sums, yc, ldy, 16, cols);
         } else {
-          block16<FMT>(s.pad_q.data(), k, s.pad_d.data(), s.pad_s.data(), s, s.sums, yc, ldy, int(m - r), cols);
+          block16<FMT>(a, k, s.pad_d.data(), s.pad_s.data(), s, s.sums, yc, ldy, int(m - r), cols);
         }
       }
     }
