@@ -81,3 +81,23 @@ def test_a_long_forward_of_a_tiled_linear_takes_the_amx_kernel(ops):
     assert torch.equal(long[0], ops.qmatmul(x[0], w.data, w.code, k))
     # and so the same bits as steps of at most 64 rows over the same inputs
     assert torch.equal(long, torch.cat([layer(x[:, i:i + 50]) for i in range(0, 150, 50)], dim=1))
+
+
+def test_greedy_after_a_long_prompt_is_the_same_with_speculation_on_and_off(ops, tiny_tokenizer, tmp_path):
+    import random
+
+    from conftest import make_family_model
+    from test_packed import packed_copy
+
+    from ragspec.decoding.engine import Generator
+    from ragspec.decoding.types import DraftConfig, GenerationConfig
+
+    model = packed_copy(make_family_model("llama", len(tiny_tokenizer)), "int4", tmp_path)
+    assert model.model.layers[0].mlp.up_proj.packed.tiled
+    gen = Generator(model, tiny_tokenizer, eos_token_ids=[2])
+    rng = random.Random(5)
+    pattern = [rng.randrange(3, model.config.vocab_size) for _ in range(7)]
+    prompt = (pattern * 30)[:150]  # 150 rows: the prompt is read on the AMX kernel
+    on = gen.generate(prompt, GenerationConfig(max_new_tokens=24, draft=DraftConfig(adaptive=False)))
+    off = gen.generate(prompt, GenerationConfig(max_new_tokens=24, draft=DraftConfig(enabled=False)))
+    assert on.token_ids == off.token_ids and on.stats.accepted_tokens > 0
