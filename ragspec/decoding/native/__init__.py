@@ -1,12 +1,15 @@
 """ragspec's CPU kernels, compiled on first use for the machine that runs them.
 
 Contract: `ops(cache_dir)` returns `torch.ops.ragspec` with the kernels loaded (qmatmul,
-dequantize_rows, quantize_activations, attend, has_avx2, has_tiled_kernel), or raises KernelsUnavailable with one
+dequantize_rows, quantize_activations, attend, has_avx2, has_tiled_kernel, amx_available,
+set_amx), or raises KernelsUnavailable with one
 line saying why (no C++ compiler, a failed build, a CPU-less torch). `available(cache_dir)` is
 the same as a bool, and `unavailable_reason()` the last reason.
 
 The sources are compiled with `-march=native`: the instruction sets are the ones this CPU
-reports (AVX2/FMA/F16C and, where present, AVX-512 and VNNI), never assumed. The build is
+reports (AVX2/FMA/F16C and, where present, AVX-512, VNNI and AMX), never assumed. Prompt reads
+of 65 rows or more run on AMX where the CPU and Linux allow it (`RAGSPEC_AMX=0` turns it off);
+the values are the VNNI kernel's, bit for bit (amx.h). The build is
 cached under `cache_dir/kernels/<key>` (or `$RAGSPEC_KERNELS_DIR/<key>`), the key covering the
 sources, the compiler, torch's version and the CPU's model and flags, so a copied cache on
 another machine is rebuilt rather than run. Builds take a file lock (two first runs at once build once); a build takes about a
@@ -27,8 +30,8 @@ from pathlib import Path
 import torch
 
 NAME = "ragspec_kernels"
-SOURCES = ("qmatmul.cpp", "attention.cpp", "step.cpp")
-HEADERS = ("formats.h", "kernels.h", "simd.h", "tiled.h")
+SOURCES = ("qmatmul.cpp", "attention.cpp", "step.cpp", "amx.cpp")
+HEADERS = ("amx.h", "formats.h", "kernels.h", "simd.h", "tiled.h")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp")
 # -ffp-contract=off: only the fused multiply-adds written in the source are fused, so the
 # compiler cannot fuse differently in two instantiations of a kernel (batch invariance).

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "formats.h"
 #include "kernels.h"
 
@@ -619,6 +620,10 @@ static void tiled_or_rows(const Activations& x, const WeightView& w, int64_t n0,
   if (n0 >= full) return;
   n1 = std::min(n1, full);
 #ifdef RS_AVX512
+  if (amx::wanted(x.m, w.fmt)) {  // prompt reads: the same values from the AMX tile unit (amx.h)
+    amx::tiled_columns(x, w, n0, n1, y, ldy);
+    return;
+  }
   tiled_columns(x, w, n0, n1, y, ldy);
 #else
   std::vector<uint8_t> rows(kTileRows * w.row_bytes);
