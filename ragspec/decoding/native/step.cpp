@@ -246,7 +246,7 @@ class StepModel : public torch::CustomClassHolder {
       // the kept rows of every block, gathered in order, through the final norm and the head
       int64_t at_row = 0;
       for (int64_t s = 0; s < S; ++s) {
-        const int64_t first = offset[s];
+        const int64_t first = offset[s + 1] - keeps[s];
         rms_norm(hp + first * hidden_, hidden_, keeps[s], hidden_, final_norm_.data_ptr<float>(), eps_, norm_offset_,
                  n.data() + at_row * hidden_, hidden_);
         at_row += keeps[s];
