@@ -7,7 +7,7 @@ Loads the bundled model (packed, native step), reads `--context` tokens of a dif
 document into each of `--sequences` caches, then times, in interleaved rounds at that context
 (each round's rows are rolled back): one sequence's step alone, every sequence's step as its
 own native call (one call per sequence), and every sequence's step in one native call
-(native_step.forward_many). Checks that the one call gives each sequence's logits bit for bit
+(native_step.forward_many); the prompts' read (prefill) is timed too. Checks that the one call gives each sequence's logits bit for bit
 and prints one JSON line: median seconds per step of each, and tokens/s.
 """
 
@@ -42,13 +42,15 @@ def main() -> None:
     if not native_step.installed(model):
         raise SystemExit("the native step is not installed on the bundled model")
     files = sorted(p for p in args.docs.rglob("*") if p.is_file())[: args.sequences]
-    caches, nexts = [], []
+    caches, nexts, prefill = [], [], []
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for f in files:
             ids = tok(f.read_text(errors="replace"))["input_ids"][: args.context]
             cache = new_cache(model)
+            start = time.perf_counter()
             model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
+            prefill.append(time.perf_counter() - start)
             caches.append(cache)
             nexts.append(torch.randint(3, model.config.vocab_size, (args.rows,), generator=g).tolist())
         base = [c.get_seq_length() for c in caches]
@@ -83,6 +85,7 @@ def main() -> None:
     n, r = len(files), args.rows
     print(json.dumps({
         "sequences": n, "rows": r, "context": args.context, "identical": identical,
+        "threads": args.threads, "seconds_prefill": round(statistics.median(prefill), 4),
         "seconds_one": round(med["one"], 4), "seconds_each": round(med["each"], 4),
         "seconds_together": round(med["together"], 4),
         "tokens_per_s_one": round(r / med["one"], 1),
