@@ -19,8 +19,10 @@ sequence by one step in ONE forward (ragspec.decoding.ragged) and returns what e
 Greedy output equals the sequence run alone with the engine up to the kernels' rounding of a
 row computed among T rows against the same row among fewer (batch-invariant kernels make it
 exact). With the native step installed (ragspec.decoding.native_step) the "one forward" is one
-native call per sequence against its own cache, the call it makes alone (ragged.packed_forward),
-so the output is exactly the solo output. A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
+native call over every decoding sequence's rows, each against its own cache
+(ragged.packed_forward, native_step.forward_many): the weights are read once per step for all
+of them, and the output is exactly the solo output (the step is row-invariant). `StepTimes`
+adds up where the steps' time went, including how long decoding sequences waited for a prompt. A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
 plan with one forward per sequence: still interleaved, not queued.
 """
 
