@@ -96,7 +96,8 @@ class Server:
         self.url = f"http://{HOST}:{port}"
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 600) -> None:
+    def start(self, timeout: float | None = None) -> None:
+        timeout = timeout or self.args.start_timeout
         argv = [RAGSPEC, "serve", "--host", HOST, "--port", str(self.port), "--index",
                 str(self.index), "--max-active", str(self.args.max_active),
                 "--max-tokens", str(self.args.max_tokens)]
@@ -262,6 +263,25 @@ def tree_digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.endswith(".lock")}
 
 
+def step_times(server: Server) -> dict | None:
+    """The scheduler's step timings from /health (None from a server that reports none)."""
+    return server.health().get("steps")
+
+
+def step_delta(before: dict | None, after: dict | None) -> dict | None:
+    """Where one level's steps spent their time: the difference of two step_times, with the
+    share of the scheduler's busy time spent reading prompts and the mean sequences per decode
+    step."""
+    if before is None or after is None:
+        return None
+    d = {k: round(after[k] - before[k], 4) for k in after}
+    busy = d["prefill_seconds"] + d["decode_seconds"]
+    d["prefill_share"] = round(d["prefill_seconds"] / busy, 3) if busy else None
+    d["sequences_per_decode_step"] = (round(d["decode_sequences"] / d["decode_steps"], 2)
+                                      if d["decode_steps"] else None)
+    return d
+
+
 def kill_case(server: Server, question: str, max_tokens: int, solo: str, chats: Path) -> dict:
     before = (tree_digest(server.index), tree_digest(chats))
     thread, streaming = stream_in_background(client_for(server), question, max_tokens)
@@ -346,6 +366,9 @@ def main(argv=None) -> int:
                         help="seconds between the clients' first requests (default: the median "
                              "solo latency / N, arrivals spread over one answer; 0: a burst)")
     parser.add_argument("--max-seconds", type=float, default=3600)
+    parser.add_argument("--start-timeout", type=float, default=600,
+                        help="seconds the server may take to come up (a first start builds the "
+                             "kernels and measures the forward cost; default 600)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if (args.corpus is None) == (args.index is None):
@@ -370,18 +393,22 @@ def main(argv=None) -> int:
         # One answer first, not counted: the first forwards of a fresh process pay one-off costs
         # (page faults on the mapped weights, allocator growth) that no later request pays.
         run_level(server, questions[:1], 1, args.max_tokens, deadline)
+        before = step_times(server)
         solo_results, _ = run_level(server, questions, 1, args.max_tokens, deadline)
+        solo_steps = step_delta(before, step_times(server))
         solo = {r["question"]: r for r in solo_results if "error" not in r}
         texts = {q: r["text"] for q, r in solo.items()}
         report["levels"] = {"1": summarize(solo_results, sum(
-            r.get("latency_s", 0) for r in solo_results), None)}
+            r.get("latency_s", 0) for r in solo_results), None), "steps": solo_steps}
         for n in levels:
             if n == 1 or time.monotonic() > deadline:
                 continue
             stagger = (args.stagger if args.stagger is not None else statistics.median(
                 [r["latency_s"] for r in solo.values()]) / n if solo else 0.0)
+            before = step_times(server)
             results, wall = run_level(server, questions, n, args.max_tokens, deadline, stagger)
-            report["levels"][str(n)] = {**summarize(results, wall, texts), "stagger_s": stagger}
+            report["levels"][str(n)] = {**summarize(results, wall, texts), "stagger_s": stagger,
+                                        "steps": step_delta(before, step_times(server))}
         one = report["levels"]["1"]["aggregate_tokens_per_s"]
         for level in report["levels"].values():
             level["aggregate_over_one_client"] = level["aggregate_tokens_per_s"] / one if one else None

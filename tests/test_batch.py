@@ -231,3 +231,30 @@ def test_a_request_read_to_its_end_can_be_read_again_without_blocking(tiny_model
         assert request.result().spans == spans  # result() after iterating: no wait
     finally:
         scheduler.close()
+
+
+def test_step_times_count_prompts_decodes_and_the_decodes_that_waited_for_a_prompt(tiny_model,
+                                                                                  tiny_tokenizer):
+    from ragspec.decoding.batch import BatchSequence, StepTimes, batch_step
+
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[])
+    (p1, c1), (p2, c2) = _requests(tiny_model.config.vocab_size, 2)
+    times = StepTimes()
+    first = BatchSequence(gen, p1, c1)
+    batch_step(gen, [first], times=times)  # its prompt alone: nothing decodes yet
+    assert times.steps == 1 and times.prefill_seconds > 0 and times.stalled_seconds == 0
+    assert times.decode_steps == 0
+    second = BatchSequence(gen, p2, c2)
+    batch_step(gen, [first, second], times=times)  # the first decodes after the second's prompt
+    assert times.steps == 2 and times.decode_steps == 1 and times.decode_sequences == 1
+    assert times.decode_rows >= 1 and times.decode_seconds > 0
+    assert 0 < times.stalled_seconds <= times.prefill_seconds
+    batch_step(gen, [first, second], times=times)  # both decode, no prompt
+    assert times.decode_steps == 2 and times.decode_sequences == 3
+    scheduler = Scheduler(gen)
+    try:
+        scheduler.submit(p1, c1).result()
+        steps = scheduler.load()["steps"]
+    finally:
+        scheduler.close()
+    assert steps["steps"] == scheduler.steps and steps["decode_steps"] > 0

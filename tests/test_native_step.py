@@ -207,7 +207,7 @@ def test_transformers_generate_takes_the_native_step_and_gives_the_engine_s_toke
 
 def test_a_ragged_forward_with_the_native_step_equals_each_sequence_alone(pairs):
     """Three sequences of different lengths in one batched (ragged) forward give, bit for bit,
-    the logits and caches each gives alone, and every decode block runs the native step."""
+    the logits and caches each gives alone, and the decode blocks run as one native call."""
     from ragspec.decoding.ragged import Block, packed_forward
 
     model, _, _ = pairs["qwen3"]
@@ -227,7 +227,7 @@ def test_a_ragged_forward_with_the_native_step_equals_each_sequence_alone(pairs)
                 for s, c in zip(steps, alone, strict=True)]
         native_step.reset_stats(model)
         got = packed_forward(model, [Block(c, s, n) for s, c, n in zip(steps, batched, starts, strict=True)])
-        assert native_step.stats(model)["forwards"] == len(steps)
+        assert native_step.stats(model)["forwards"] == 1  # all three blocks in one native call
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b)
         for a, b in zip(alone, batched, strict=True):
@@ -235,6 +235,46 @@ def test_a_ragged_forward_with_the_native_step_equals_each_sequence_alone(pairs)
             assert b.get_seq_length() == length
             for (ka, va), (kb, vb) in zip(_layer_kv(a, length), _layer_kv(b, length), strict=True):
                 assert torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "granite"])
+def test_one_native_call_over_several_sequences_equals_each_alone(pairs, family):
+    """forward_many over 3 sequences with different cache lengths, row counts and kept rows
+    gives each sequence's logits and K/V bit for bit as its own forward alone, twice in a row
+    (the second call on caches the first grew), and after one sequence's draft is rolled back."""
+    model, _, _ = pairs[family]
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(21)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (9, 30, 2)]
+
+    def caches():
+        out = [new_cache(model) for _ in prompts]
+        with torch.inference_mode():
+            for p, c in zip(prompts, out, strict=True):
+                model(input_ids=torch.tensor([p]), cache=c, use_cache=True)
+        return out
+
+    alone, together = caches(), caches()
+    with torch.inference_mode():
+        for rows, keeps in (((3, 1, 6), (3, 1, 1)), ((1, 5, 2), (1, 0, 2))):
+            tokens = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in rows]
+            want = [model(input_ids=torch.tensor([t]), cache=c, use_cache=True).logits[0][len(t) - k:]
+                    for t, c, k in zip(tokens, alone, keeps, strict=True)]
+            for t, c in zip(tokens, together, strict=True):
+                assert native_step.start_of(model, len(t), c) == c.get_seq_length()
+            native_step.reset_stats(model)
+            got = native_step.forward_many(model, list(zip(tokens, together, keeps, strict=True)))
+            assert native_step.stats(model)["forwards"] == 1
+            for a, b, k in zip(got, want, keeps, strict=True):
+                assert a.shape[0] == k and torch.equal(a, b)
+            for a, b in zip(alone, together, strict=True):
+                length = a.get_seq_length()
+                assert b.get_seq_length() == length
+                for (ka, va), (kb, vb) in zip(_layer_kv(a, length), _layer_kv(b, length), strict=True):
+                    assert torch.equal(ka, kb) and torch.equal(va, vb)
+            # the second sequence's draft is rejected: both roll it back the same way
+            for c in (alone[1], together[1]):
+                crop_cache(c, c.get_seq_length() - 1)
 
 
 def test_served_beside_others_a_request_gives_its_solo_answer_on_the_native_step(pairs, tiny_tokenizer):
@@ -245,11 +285,16 @@ def test_served_beside_others_a_request_gives_its_solo_answer_on_the_native_step
     configs = [GenerationConfig(max_new_tokens=24 + 4 * i, draft=DraftConfig(adaptive=False))
                for i in range(3)]
     requests = list(zip(matrix_prompts(model.config.vocab_size, 3), configs, strict=True))
+    native_step.reset_stats(model)
     want = [gen.generate(p, c).token_ids for p, c in requests]
+    solo_calls = native_step.stats(model)["forwards"]
     scheduler = Scheduler(gen, max_active=3)
+    native_step.reset_stats(model)
     try:
         handles = [scheduler.submit(p, c) for p, c in requests]
         got = [h.result().token_ids for h in handles]
     finally:
         scheduler.close()
     assert got == want
+    # the sequences decoded together share native calls (one per step, not one per sequence)
+    assert native_step.stats(model)["forwards"] < solo_calls

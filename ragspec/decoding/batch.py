@@ -19,8 +19,10 @@ sequence by one step in ONE forward (ragspec.decoding.ragged) and returns what e
 Greedy output equals the sequence run alone with the engine up to the kernels' rounding of a
 row computed among T rows against the same row among fewer (batch-invariant kernels make it
 exact). With the native step installed (ragspec.decoding.native_step) the "one forward" is one
-native call per sequence against its own cache, the call it makes alone (ragged.packed_forward),
-so the output is exactly the solo output. A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
+native call over every decoding sequence's rows, each against its own cache
+(ragged.packed_forward, native_step.forward_many): the weights are read once per step for all
+of them, and the output is exactly the solo output (the step is row-invariant). `StepTimes`
+adds up where the steps' time went, including how long decoding sequences waited for a prompt. A model that cannot be packed (ragspec.decoding.ragged.packing_problem) runs the same
 plan with one forward per sequence: still interleaved, not queued.
 """
 
@@ -156,6 +158,29 @@ class BatchSequence:
         return Outcome(spans, done)
 
 
+@dataclass
+class StepTimes:
+    """Where a batch's steps spent their time (summed over the steps given it): prompt forwards,
+    shared decode forwards, and `stalled_seconds`, sequence-seconds of decoding sequences that
+    waited for a prompt forward in their step (a prompt's time × the sequences decoding beside
+    it) — what reading prompts whole costs the running answers."""
+
+    steps: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    stalled_seconds: float = 0.0
+    decode_steps: int = 0
+    decode_sequences: int = 0  # summed over decode steps: mean sequences per decode step
+    decode_rows: int = 0
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "prefill_seconds": round(self.prefill_seconds, 4),
+                "decode_seconds": round(self.decode_seconds, 4),
+                "stalled_seconds": round(self.stalled_seconds, 4),
+                "decode_steps": self.decode_steps, "decode_sequences": self.decode_sequences,
+                "decode_rows": self.decode_rows}
+
+
 def plan_step(sequences: Sequence[BatchSequence], prefill_chunk: int | None
               ) -> tuple[list[tuple[BatchSequence, Block]], list[tuple[BatchSequence, Block]]]:
     """(prompt pieces, decode rows) for one step. Prompt pieces, oldest newcomer first: with
@@ -185,10 +210,11 @@ def plan_step(sequences: Sequence[BatchSequence], prefill_chunk: int | None
 
 
 def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
-               prefill_chunk: int | None = None, *, packed: bool = True
-               ) -> dict[BatchSequence, Outcome]:
+               prefill_chunk: int | None = None, *, packed: bool = True,
+               times: StepTimes | None = None) -> dict[BatchSequence, Outcome]:
     """Advance every sequence by one step (see the module docstring). packed=False runs one
-    forward per sequence (for models that cannot be packed).
+    forward per sequence (for models that cannot be packed); `times` adds up where the step's
+    time went.
 
     Each prompt piece is a forward of its own, as the engine's prefill is (a prefill-sized
     forward takes the weights' prefill path, ragspec.decoding.packed); all decode rows go in
@@ -196,9 +222,15 @@ def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
     every row as a step of its own sequence would."""
     prefills, decodes = plan_step(sequences, prefill_chunk)
     outcomes: dict[BatchSequence, Outcome] = {}
+    clock = time.perf_counter()
     for seq, block in prefills:
         rows = packed_forward(gen.model, [block])[0] if packed else alone(gen.model, block)
         outcomes[seq] = seq.take(rows)
+    if times is not None:
+        times.steps += 1
+        spent = time.perf_counter() - clock
+        times.prefill_seconds += spent
+        times.stalled_seconds += spent * len(decodes)
     if not decodes:
         return outcomes
     clock = time.perf_counter()
@@ -208,6 +240,11 @@ def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
         else:
             logits = [alone(gen.model, block) for _, block in decodes]
     outcomes.update((seq, seq.take(rows)) for (seq, _), rows in zip(decodes, logits, strict=True))
+    if times is not None:
+        times.decode_seconds += time.perf_counter() - clock
+        times.decode_steps += 1
+        times.decode_sequences += len(decodes)
+        times.decode_rows += sum(len(block.tokens) for _, block in decodes)
     if len(decodes) == 1 and not prefills and decodes[0][0].stream._policy:
         # a lone decode step is what the cost curve measures: let the engine's watch see it
         block = decodes[0][1]

@@ -10,9 +10,12 @@ positions other than the rows' own, a cache of other layers — runs the model's
 transformers' `generate` (an all-ones mask, its own DynamicCache) takes the native step too,
 so greedy `generate` and ragspec's engine compute the same steps on the same model object.
 `stats(model)` gives the native step's time counters. The product installs it on every packed
-model it covers unless RAGSPEC_NATIVE_STEP=0 (`chosen`, the one reader of that variable); a
-batched (ragged) forward over several sequences then runs each sequence's rows as the forward
-it would be alone (ragspec.decoding.ragged), so served and solo answers take the same path.
+model it covers unless RAGSPEC_NATIVE_STEP=0 (`chosen`, the one reader of that variable).
+`forward_many(model, runs)` runs several sequences' step forwards, each on its own cache, in
+one native call (StepModel.forward_many): the weights are read once for all their rows, and
+each sequence gets bit for bit what its forward alone gives (`start_of` says which forwards
+qualify: those the model's own forward would run natively). Batched serving uses it
+(ragspec.decoding.ragged), so served and solo answers take the same path.
 
 What stays as it was:
   * the cache: the new keys and values go into the same GrowingLayer buffers
@@ -206,7 +209,53 @@ def install(model) -> str | None:
 
     model.forward = forward
     model._ragspec_step = step
+    model._ragspec_step_parts = _Parts(embed, n_layers, dummy)
     return None
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What `forward_many` needs of an installed model besides its StepModel."""
+
+    embed: torch.nn.Module
+    n_layers: int
+    dummy: torch.Tensor
+
+
+def start_of(model, rows: int, cache) -> int | None:
+    """The cached positions before `rows` new tokens of one sequence on `cache`, when the native
+    step runs that forward (the model's own forward on these rows would take it), else None."""
+    parts = getattr(model, "_ragspec_step_parts", None)
+    if parts is None:
+        return None
+    ids = torch.empty((1, rows), dtype=torch.long)
+    return _native_start(ids, None, None, cache, None, None, True, 0, {}, parts.n_layers)
+
+
+def forward_many(model, runs) -> list[torch.Tensor]:
+    """Several sequences' forwards in ONE native call: runs are (tokens, cache, keep) with each
+    cache at a length `start_of` accepted for its tokens, keep the number of last rows that get
+    logits (0: none). Returns each run's logits (keep, vocab); each cache grows by its tokens.
+    The products read the weights once for all the runs' rows; everything else is per run, so a
+    run's logits and cache rows are bit-identical to the model's own forward on it alone."""
+    step, parts = model._ragspec_step, model._ragspec_step_parts
+    keys, values, starts, rows, keeps, ends = [], [], [], [], [], []
+    for tokens, cache, keep in runs:
+        start = cache.layers[0].get_seq_length()
+        k, v = _reserve(cache.layers, start, start + len(tokens), parts.dummy)
+        keys += k
+        values += v
+        starts.append(start)
+        rows.append(len(tokens))
+        keeps.append(max(0, min(int(keep), len(tokens))))
+        ends.append(start + len(tokens))
+    ids = torch.tensor([t for tokens, _, _ in runs for t in tokens], dtype=torch.long)
+    x = parts.embed(ids).float()
+    logits = step.forward_many(x, keys, values, starts, rows, keeps)
+    n = parts.n_layers
+    for i, ((_, cache, _), end) in enumerate(zip(runs, ends, strict=True)):
+        _publish(cache.layers, keys[i * n:(i + 1) * n], values[i * n:(i + 1) * n], end)
+    return list(torch.split(logits, keeps))
 
 
 def _native_start(input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,

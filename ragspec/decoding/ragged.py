@@ -22,12 +22,13 @@ the mask the single-sequence engine makes for it, and concatenates the outputs. 
 builds no (T x T) mask for the packed rows.
 
 With the native decode step installed (ragspec.decoding.native_step), `packed_forward` runs
-each block instead as the forward that sequence makes alone — `model(input_ids=(1, rows),
-cache=its own cache, logits_to_keep=...)`, exactly the call of the single-sequence engine — so
-a decode block is one native call against its own cache layers and a prompt takes the path
-its prefill takes alone: a request served beside others computes, bit for bit, what it
-computes alone (the native step rounds norms, rotary and SiLU otherwise than the modules, so
-mixing the two paths would not be exact).
+every block that the native step would run alone (a decode block, a short prompt) in ONE
+native call over all their rows, each block against its own cache layers at its own positions
+(native_step.forward_many: the weights are read once for all blocks; norms, rotary positions
+and attention per block), and any other block (a long prompt) as the forward it makes alone.
+The native step is row-invariant, so a request served beside others computes, bit for bit,
+what it computes alone (the native step rounds norms, rotary and SiLU otherwise than the
+modules, so mixing the two paths inside one sequence's forward would not be exact).
 
 `packing_problem(model)` says why a model cannot be packed (None when it can): its attention
 must be plain scaled-dot-product attention reached through transformers' attention interface
@@ -200,7 +201,7 @@ def packed_forward(model, blocks: Sequence[Block]) -> list[torch.Tensor | None]:
     for "last", None for "none". Each block's cache grows by its rows. With the native step
     installed, one forward per block, as the sequence runs alone (see the module docstring)."""
     if native_step.installed(model):
-        return [alone(model, block) for block in blocks]
+        return _native(model, blocks)
     packed = PackedCache(blocks)
     ids, positions, keep = [], [], []
     for block, (lo, hi) in zip(blocks, packed.bounds, strict=True):
@@ -228,6 +229,27 @@ def packed_forward(model, blocks: Sequence[Block]) -> list[torch.Tensor | None]:
         n = len(block.tokens) if block.logits == "all" else 1 if block.logits == "last" else 0
         results.append(logits[at : at + n] if n else None)
         at += n
+    return results
+
+
+def _native(model, blocks: Sequence[Block]) -> list[torch.Tensor | None]:
+    """packed_forward with the native step installed: every block its own forward alone would
+    run natively goes into ONE native call (native_step.forward_many), the others (a prompt
+    the modules read alone) run as they do alone."""
+    results: list[torch.Tensor | None] = [None] * len(blocks)
+    native = []
+    for i, block in enumerate(blocks):
+        if native_step.start_of(model, len(block.tokens), block.cache) == block.start:
+            native.append(i)
+        else:
+            results[i] = alone(model, block)
+    if native:
+        keeps = {"all": None, "last": 1, "none": 0}
+        runs = [(blocks[i].tokens, blocks[i].cache,
+                 len(blocks[i].tokens) if keeps[blocks[i].logits] is None else keeps[blocks[i].logits])
+                for i in native]
+        for i, logits in zip(native, native_step.forward_many(model, runs), strict=True):
+            results[i] = logits if blocks[i].logits != "none" else None
     return results
 
 

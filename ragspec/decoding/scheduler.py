@@ -27,7 +27,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from ragspec.decoding.batch import BatchSequence, batch_step
+from ragspec.decoding.batch import BatchSequence, StepTimes, batch_step
 from ragspec.decoding.engine import Generator
 from ragspec.decoding.ragged import packing_problem
 from ragspec.decoding.types import GenerationConfig, GenerationResult, SourceRegion, Span
@@ -170,6 +170,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closed = False
         self.steps = 0
+        self.times = StepTimes()  # where the steps' time went (ragspec.decoding.batch)
         self.name, self.idle_exit_s = name, idle_exit_s
         self._thread: threading.Thread | None = None
         with self._cond:
@@ -201,10 +202,12 @@ class Scheduler:
         return request
 
     def load(self) -> dict:
-        """How busy it is: active and waiting requests, and the limits."""
+        """How busy it is: active and waiting requests, the limits, and where the steps' time
+        went since it started ("steps": ragspec.decoding.batch.StepTimes)."""
         with self._cond:
             return {"active": len(self._active), "waiting": len(self._waiting),
-                    "max_active": self.max_active, "max_waiting": self.max_waiting}
+                    "max_active": self.max_active, "max_waiting": self.max_waiting,
+                    "steps": self.times.as_dict()}
 
     def close(self, timeout: float = 10.0) -> None:
         """Take no more requests, stop the running ones at their next step (what was written is
@@ -278,7 +281,7 @@ class Scheduler:
         by_sequence = {r.sequence: r for r in active}
         try:
             outcomes = batch_step(self.gen, list(by_sequence), self.prefill_chunk,
-                                  packed=self.packed)
+                                  packed=self.packed, times=self.times)
         except Exception as exc:  # noqa: BLE001 - one bad step must not end the server
             logger.exception("a generation step failed")
             for request in active:

@@ -17,6 +17,11 @@
 // The cache buffers are (1, kv_heads, capacity, head_dim) fp32 tensors with room for start + T
 // positions (the Python side reserves it); rows 0..start-1 hold earlier positions. Row t is at
 // position start + t and attends to positions 0..start + t.
+//
+// `forward_many` runs the rows of several sequences (blocks) in one call, each block against
+// its own cache buffers at its own positions: the products read each weight once for all the
+// blocks' rows, while norms, rotary positions, cache writes and attention stay per row and per
+// block — so each block gets, bit for bit, what `forward` gives it alone (row invariance again).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/custom_class.h>
@@ -140,23 +145,53 @@ class StepModel : public torch::CustomClassHolder {
 
   // x: (T, hidden) fp32 embeddings of the new rows; keys/values: each layer's cache buffer;
   // start: positions already cached; keep: how many of the last rows get logits.
-  // Returns logits (keep, vocab).
+  // Returns logits (keep, vocab). One sequence: forward_many with one block.
   at::Tensor forward(at::Tensor x_in, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                      int64_t start, int64_t keep) {
+    TORCH_CHECK(x_in.dim() == 2, "forward takes (rows, hidden) embeddings");
+    return forward_many(x_in, keys, values, {start}, {x_in.size(0)}, {keep});
+  }
+
+  // Several sequences' new rows in one call. x: (T, hidden), the blocks' rows one after the
+  // other (block s has rows[s] rows, T = Σ rows); keys/values: layers buffers per block, block
+  // after block (keys[s * layers + l] is block s's layer l); starts[s]: the positions block s's
+  // cache already holds; keeps[s]: how many of block s's last rows get logits (0: none).
+  // Products run over all T rows at once (the weights are read once for every block); norms,
+  // rotary positions, the cache writes and attention run each row against its own block's
+  // positions and cache. Every row's arithmetic is the one it gets alone (row invariance), so a
+  // block's logits and cache rows are bit-identical to forward() on that block by itself.
+  // Returns logits (Σ keeps, vocab), block after block.
+  at::Tensor forward_many(at::Tensor x_in, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                          std::vector<int64_t> starts, std::vector<int64_t> rows, std::vector<int64_t> keeps) {
     const auto t0 = Clock::now();
     TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == hidden_, "forward takes (rows, ", hidden_, ") embeddings");
-    TORCH_CHECK(int64_t(keys.size()) == layers_ && int64_t(values.size()) == layers_, "one cache buffer per layer");
-    const int64_t T = x_in.size(0);
-    TORCH_CHECK(T > 0 && 0 < keep && keep <= T && start >= 0, "bad row counts");
-    const int64_t qd = heads_ * head_dim_, kvd = kv_heads_ * head_dim_, half = head_dim_ / 2;
-    for (int64_t l = 0; l < layers_; ++l) {
-      for (const at::Tensor* b : {&keys[l], &values[l]}) {
-        TORCH_CHECK(b->scalar_type() == at::kFloat && b->dim() == 4 && b->is_contiguous() &&
-                        b->size(1) == kv_heads_ && b->size(3) == head_dim_ && b->size(2) >= start + T,
-                    "layer ", l, ": the cache buffer must be a contiguous fp32 (1, ", kv_heads_, ", >= ",
-                    start + T, ", ", head_dim_, ") tensor");
-      }
+    const int64_t S = int64_t(rows.size());
+    TORCH_CHECK(S > 0 && int64_t(starts.size()) == S && int64_t(keeps.size()) == S,
+                "one start, row count and keep per block");
+    TORCH_CHECK(int64_t(keys.size()) == S * layers_ && int64_t(values.size()) == S * layers_,
+                "one cache buffer per layer per block");
+    std::vector<int64_t> offset(S + 1, 0);
+    int64_t kept = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      TORCH_CHECK(rows[s] > 0 && 0 <= keeps[s] && keeps[s] <= rows[s] && starts[s] >= 0, "bad row counts");
+      offset[s + 1] = offset[s] + rows[s];
+      kept += keeps[s];
     }
+    const int64_t T = offset[S];
+    TORCH_CHECK(x_in.size(0) == T, "the embeddings have ", x_in.size(0), " rows, the blocks ", T);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t l = 0; l < layers_; ++l)
+        for (const at::Tensor* b : {&keys[s * layers_ + l], &values[s * layers_ + l]}) {
+          TORCH_CHECK(b->scalar_type() == at::kFloat && b->dim() == 4 && b->is_contiguous() &&
+                          b->size(1) == kv_heads_ && b->size(3) == head_dim_ && b->size(2) >= starts[s] + rows[s],
+                      "block ", s, " layer ", l, ": the cache buffer must be a contiguous fp32 (1, ", kv_heads_,
+                      ", >= ", starts[s] + rows[s], ", ", head_dim_, ") tensor");
+        }
+    const int64_t qd = heads_ * head_dim_, kvd = kv_heads_ * head_dim_, half = head_dim_ / 2;
+    // each row's block and position
+    std::vector<int64_t> block(T), pos(T);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t r = offset[s]; r < offset[s + 1]; ++r) block[r] = s, pos[r] = starts[s] + (r - offset[s]);
     at::Tensor h = x_in.to(at::kFloat).contiguous().clone();
     float* hp = h.data_ptr<float>();
     if (embed_mult_ != 1.0f) scale(hp, T * hidden_, embed_mult_);
@@ -168,10 +203,12 @@ class StepModel : public torch::CustomClassHolder {
     const float* invf = inv_freq_.data_ptr<float>();
     for (int64_t r = 0; r < T; ++r)
       for (int64_t i = 0; i < half; ++i) {
-        const float f = float(start + r) * invf[i];
+        const float f = float(pos[r]) * invf[i];
         cs[r * half + i] = std::cos(f) * rope_scale_;
         sn[r * half + i] = std::sin(f) * rope_scale_;
       }
+    std::vector<float*> kbs(S), vbs(S);
+    std::vector<int64_t> caps(S);
     Activations a1, a2, a3;
     for (int64_t l = 0; l < layers_; ++l) {
       const Layer& L = layers[l];
@@ -183,15 +220,19 @@ class StepModel : public torch::CustomClassHolder {
       }
       rotate(q.data(), T, heads_, cs, sn);
       rotate(k.data(), T, kv_heads_, cs, sn);
-      float* kb = keys[l].data_ptr<float>();
-      float* vb = values[l].data_ptr<float>();
-      const int64_t cap = keys[l].size(2);
-      for (int64_t r = 0; r < T; ++r)
+      for (int64_t s = 0; s < S; ++s) {
+        kbs[s] = keys[s * layers_ + l].data_ptr<float>();
+        vbs[s] = values[s * layers_ + l].data_ptr<float>();
+        caps[s] = keys[s * layers_ + l].size(2);
+      }
+      for (int64_t r = 0; r < T; ++r) {
+        const int64_t s = block[r], cap = caps[s];
         for (int64_t gh = 0; gh < kv_heads_; ++gh) {
-          std::copy_n(k.data() + r * kvd + gh * head_dim_, head_dim_, kb + (gh * cap + start + r) * head_dim_);
-          std::copy_n(v.data() + r * kvd + gh * head_dim_, head_dim_, vb + (gh * cap + start + r) * head_dim_);
+          std::copy_n(k.data() + r * kvd + gh * head_dim_, head_dim_, kbs[s] + (gh * cap + pos[r]) * head_dim_);
+          std::copy_n(v.data() + r * kvd + gh * head_dim_, head_dim_, vbs[s] + (gh * cap + pos[r]) * head_dim_);
         }
-      attend(q.data(), kb, vb, cap, T, start, att.data());
+      }
+      attend(q.data(), kbs, vbs, caps, block, pos, att.data());
       products(att.data(), T, {{&a1, &L.o, out.data()}});
       add_scaled(hp, out.data(), T * hidden_, resid_mult_);
       rms_norm(hp, hidden_, T, hidden_, L.mlp_norm.data_ptr<float>(), eps_, norm_offset_, n.data(), hidden_);
@@ -200,13 +241,20 @@ class StepModel : public torch::CustomClassHolder {
       products(g.data(), T, {{&a1, &L.down, out.data()}});
       add_scaled(hp, out.data(), T * hidden_, resid_mult_);
     }
-    const int64_t first = T - keep;
-    rms_norm(hp + first * hidden_, hidden_, keep, hidden_, final_norm_.data_ptr<float>(), eps_, norm_offset_,
-             n.data(), hidden_);
-    at::Tensor logits = at::empty({keep, vocab_}, h.options());
-    float* lp = logits.data_ptr<float>();
-    products(n.data(), keep, {{&a1, &head_, lp}});
-    if (logit_mult_ != 1.0f) scale(lp, keep * vocab_, logit_mult_);
+    at::Tensor logits = at::empty({kept, vocab_}, h.options());
+    if (kept > 0) {
+      // the kept rows of every block, gathered in order, through the final norm and the head
+      int64_t at_row = 0;
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t first = offset[s + 1] - keeps[s];
+        rms_norm(hp + first * hidden_, hidden_, keeps[s], hidden_, final_norm_.data_ptr<float>(), eps_, norm_offset_,
+                 n.data() + at_row * hidden_, hidden_);
+        at_row += keeps[s];
+      }
+      float* lp = logits.data_ptr<float>();
+      products(n.data(), kept, {{&a1, &head_, lp}});
+      if (logit_mult_ != 1.0f) scale(lp, kept * vocab_, logit_mult_);
+    }
     calls_ += 1;
     total_ns_ += since(t0);
     return logits;
@@ -293,16 +341,20 @@ class StepModel : public torch::CustomClassHolder {
       }
   }
 
-  // Row r of every query head against positions 0..start + r of its key head's cache.
-  void attend(const float* q, const float* kb, const float* vb, int64_t cap, int64_t T, int64_t start, float* out) {
+  // Row r of every query head against positions 0..pos[r] of its key head in its block's cache
+  // (kb[block[r]], vb[block[r]], capacity caps[block[r]]); all blocks' rows in one parallel region.
+  void attend(const float* q, const std::vector<float*>& kb, const std::vector<float*>& vb,
+              const std::vector<int64_t>& caps, const std::vector<int64_t>& block, const std::vector<int64_t>& pos,
+              float* out) {
     const auto t0 = Clock::now();
-    const int64_t group = heads_ / kv_heads_;
+    const int64_t group = heads_ / kv_heads_, T = int64_t(block.size());
     at::parallel_for(0, heads_ * T, 1, [&](int64_t b, int64_t e) {
       std::vector<float> scratch;
       for (int64_t task = b; task < e; ++task) {
-        const int64_t hh = task / T, r = task % T, g = hh / group;
-        attend_row(q + (r * heads_ + hh) * head_dim_, kb + g * cap * head_dim_, vb + g * cap * head_dim_, head_dim_,
-                   head_dim_, 0, start + r, head_dim_, scale_, 0.0f, out + (r * heads_ + hh) * head_dim_, scratch);
+        const int64_t hh = task / T, r = task % T, g = hh / group, s = block[r], cap = caps[s];
+        attend_row(q + (r * heads_ + hh) * head_dim_, kb[s] + g * cap * head_dim_, vb[s] + g * cap * head_dim_,
+                   head_dim_, head_dim_, 0, pos[r], head_dim_, scale_, 0.0f, out + (r * heads_ + hh) * head_dim_,
+                   scratch);
       }
     });
     attend_ns_ += since(t0);
@@ -315,6 +367,7 @@ TORCH_LIBRARY_FRAGMENT(ragspec, m) {
   m.class_<rs::StepModel>("StepModel")
       .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>>())
       .def("forward", &rs::StepModel::forward)
+      .def("forward_many", &rs::StepModel::forward_many)
       .def("stats", &rs::StepModel::stats)
       .def("reset_stats", &rs::StepModel::reset_stats);
 }
