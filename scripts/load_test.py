@@ -398,8 +398,8 @@ def main(argv=None) -> int:
         solo_steps = step_delta(before, step_times(server))
         solo = {r["question"]: r for r in solo_results if "error" not in r}
         texts = {q: r["text"] for q, r in solo.items()}
-        report["levels"] = {"1": summarize(solo_results, sum(
-            r.get("latency_s", 0) for r in solo_results), None), "steps": solo_steps}
+        report["levels"] = {"1": {**summarize(solo_results, sum(
+            r.get("latency_s", 0) for r in solo_results), None), "steps": solo_steps}}
         for n in levels:
             if n == 1 or time.monotonic() > deadline:
                 continue
