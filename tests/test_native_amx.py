@@ -22,10 +22,14 @@ from ragspec.decoding.packed import TILEABLE
 @pytest.fixture(scope="module")
 def ops():
     ops = native.ops(MODEL_CACHE)
-    if not ops.amx_available():
-        pytest.skip("no AMX here: the CPU lacks AMX-TILE/AMX-INT8, Linux refused the tile state, "
-                    "the kernels were built without AMX, or RAGSPEC_AMX=0")
-    return ops
+    before = ops.set_amx(True)  # off by default (RAGSPEC_AMX=1 turns it on)
+    try:
+        if not ops.amx_available():
+            pytest.skip("no AMX here: the CPU lacks AMX-TILE/AMX-INT8, Linux refused the tile "
+                        "state, or the kernels were built without AMX")
+        yield ops
+    finally:
+        ops.set_amx(before)
 
 
 def without_amx(ops, f):

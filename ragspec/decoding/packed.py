@@ -14,10 +14,11 @@ chosen per forward:
     of rows (exactly as GGUF's own de-quantisation computes it) and multiplied with torch's
     matmul — in bf16 where this CPU multiplies bf16 natively (measured once per process: at
     least 1.5x the fp32 rate, e.g. AVX512-BF16 or AMX), else in fp32; RAGSPEC_PREFILL_DTYPE=
-    fp32|bf16 overrides. Exception: on a CPU with AMX (Intel's int8 tile unit, usable when
-    `torch.ops.ragspec.amx_available()`), tiled weights take the step path at every row count,
-    where the kernel multiplies the int8 activations on the tile unit (native/amx.h): about
-    twice the speed of de-quantising and a bf16 matmul, and the same bits a step gives.
+    fp32|bf16 overrides. Exception: with RAGSPEC_AMX=1 on a CPU with AMX (Intel's int8 tile
+    unit, usable when `torch.ops.ragspec.amx_available()`), tiled weights take the step path at
+    every row count, where the kernel multiplies the int8 activations on the tile unit
+    (native/amx.h), with the same bits a step gives. Off by default: whole prompt reads measured
+    faster on the de-quantising path at three of four shapes and formats on one Xeon.
     Prefill runs the same way whether speculation is on or off, so it does not affect exactness.
 
 A weight may be stored tiled (`PackedWeight.tiled`, made by `tile`): its rows regrouped in tiles

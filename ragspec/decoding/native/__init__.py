@@ -8,7 +8,8 @@ the same as a bool, and `unavailable_reason()` the last reason.
 
 The sources are compiled with `-march=native`: the instruction sets are the ones this CPU
 reports (AVX2/FMA/F16C and, where present, AVX-512, VNNI and AMX), never assumed. Prompt reads
-of 65 rows or more run on AMX where the CPU and Linux allow it (`RAGSPEC_AMX=0` turns it off);
+of 65 rows or more can run on AMX where the CPU and Linux allow it (`RAGSPEC_AMX=1`; off by
+default, as it measured slower than the bf16 prompt path at three of four shapes on one Xeon);
 the values are the VNNI kernel's, bit for bit (amx.h). The build is
 cached under `cache_dir/kernels/<key>` (or `$RAGSPEC_KERNELS_DIR/<key>`), the key covering the
 sources, the compiler, torch's version and the CPU's model and flags, so a copied cache on

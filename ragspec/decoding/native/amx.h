@@ -3,7 +3,7 @@
 //
 // Contract: `amx::wanted(m, fmt)` is true when this CPU has AMX-TILE and AMX-INT8, Linux granted
 // the process the tile state, the kernels were built with AMX (`-march=native` on such a CPU),
-// the unit is not switched off (`RAGSPEC_AMX=0`, or the `set_amx` op), the format is one the
+// the unit is switched on (`RAGSPEC_AMX=1`, or the `set_amx` op; off by default), the format is one the
 // kernel reads, and there are at least `kMinRows` rows. Then `amx::tiled_columns` computes what
 // the AVX-512 VNNI tiled kernel (tiled.h) computes, bit for bit: for each output, the same exact
 // integer dot product per group (per half group for Q6_K), then the same fp32 multiply and
