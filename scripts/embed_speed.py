@@ -7,10 +7,14 @@ variant's vectors with the first one's. Wall seconds and CPU seconds (all thread
 process) are both given: on a busy machine the CPU time is the steadier measure of the work.
 
   torch-bN   sentence-transformers' own forward (RAGSPEC_EMBEDDER_ONNX=0), batch size N
-  onnx-bN    the transformer in onnxruntime (what ingest and search use by default), batch N
+  onnx-bN    the transformer in onnxruntime (RAGSPEC_EMBEDDER_ONNX=1), batch N
+  onnx8-bN   onnxruntime with the weights in int8 (onnx_embed's build="int8": dynamic, per
+             output column; not an option of the product, measured only)
+  torch8-bN  torch's dynamic int8 of every Linear layer, one scale per output column
+             (torch.ao.quantization.quantize_dynamic; measured only)
 
     python scripts/embed_speed.py A.pdf [B.pdf ...] [--passages 512] [--rounds 3]
-        [--threads 2] [--batches 32] [--json OUT]
+        [--threads 2] [--batches 32] [--builds torch,onnx,onnx8,torch8] [--json OUT]
 """
 
 from __future__ import annotations
@@ -35,6 +39,36 @@ def passages(paths: list[str], embedder) -> list[str]:
     return out
 
 
+def onnx8_embedder(threads: int):
+    """The bundled embedder with its transformer in onnxruntime's int8 build."""
+    from ragspec import paths
+    from ragspec.retrieval.embeddings import Embedder, bundled_model_dir
+    from ragspec.retrieval.onnx_embed import OnnxEncoder
+
+    embedder = Embedder(onnx=True)
+    embedder._encoder = OnnxEncoder.load(embedder.model, bundled_model_dir(),
+                                         paths.models_dir() / "embedders", threads, build="int8")
+    return embedder
+
+
+def torch8_embedder():
+    """The bundled embedder with torch's dynamic int8 Linear layers (per output column)."""
+    import warnings
+
+    import torch
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from ragspec.retrieval.embeddings import Embedder
+
+    embedder = Embedder(onnx=False)
+    first = embedder.model[0]
+    spec = {name: per_channel_dynamic_qconfig for name, module in first.model.named_modules()
+            if isinstance(module, torch.nn.Linear)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its notes on moving to torchao
+        first.model = quantize_dynamic(first.model, spec, dtype=torch.qint8)
+    return embedder
+
 
 def main(argv=None) -> int:
     import torch
@@ -48,23 +82,26 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batches", default="32")
+    ap.add_argument("--builds", default="torch,onnx")
     ap.add_argument("--json", dest="out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch_embedder = Embedder(onnx=False)
-    onnx_embedder = Embedder(onnx=True)
-    if onnx_embedder.backend != "onnxruntime":
+    makers = {"torch": lambda: torch_embedder, "onnx": lambda: Embedder(onnx=True),
+              "onnx8": lambda: onnx8_embedder(args.threads), "torch8": torch8_embedder}
+    builds = {label: makers[label]() for label in args.builds.split(",")}
+    if "onnx" in builds and builds["onnx"].backend != "onnxruntime":
         raise SystemExit("onnxruntime is not in use here (see the line above)")
     texts = passages(args.pdfs, torch_embedder)[: args.passages]
     tokens = [torch_embedder.count_tokens(t) for t in texts]
     variants = {}
     for size in map(int, args.batches.split(",")):
-        for label, embedder in (("torch", torch_embedder), ("onnx", onnx_embedder)):
+        for label, embedder in builds.items():
             def run(embedder=embedder, size=size):
                 embedder.batch_size = size
                 return embed_in_order(embedder, texts, lambda done, total: None)
             variants[f"{label}-b{size}"] = run
-    for embedder in (torch_embedder, onnx_embedder):  # warm both, untimed
+    for embedder in builds.values():  # warm each, untimed
         embedder.embed_array(texts[:16])
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     times: dict[str, list[float]] = {name: [] for name in variants}

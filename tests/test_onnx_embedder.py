@@ -107,21 +107,26 @@ def test_a_damaged_cache_file_is_exported_again(tiny_torch, tiny_folder, tmp_pat
     assert np.abs(encoder.encode(TEXTS) - tiny_torch.embed_array(TEXTS)).max() < TOLERANCE
 
 
-def test_a_cache_file_that_loads_but_gives_other_vectors_is_exported_again(
-        tiny_torch, tiny_folder, tmp_path, monkeypatch):
+def export_another_model(tiny_torch, target: Path) -> None:
+    """Export the tiny model with its word embeddings negated: another model's file."""
     import torch
 
-    path = load(tiny_torch, tiny_folder, tmp_path).path
     weight = tiny_torch.model[0].auto_model.embeddings.word_embeddings.weight
     saved = weight.detach().clone()
     with torch.no_grad():
-        weight.mul_(-1.0)  # another model's file under this model's name
+        weight.mul_(-1.0)
     try:
         onnx_embed.export(tiny_torch.model, ["input_ids", "attention_mask", "token_type_ids"],
-                          path)
+                          target)
     finally:
         with torch.no_grad():
             weight.copy_(saved)
+
+
+def test_a_cache_file_that_loads_but_gives_other_vectors_is_exported_again(
+        tiny_torch, tiny_folder, tmp_path, monkeypatch):
+    path = load(tiny_torch, tiny_folder, tmp_path).path
+    export_another_model(tiny_torch, path)  # another model's file under this model's name
     exports = []
     real_export = onnx_embed.export
     monkeypatch.setattr(onnx_embed, "export", lambda *a: (exports.append(a), real_export(*a)))
@@ -261,3 +266,57 @@ def test_bundled_model_onnx_vectors_equal_torch_vectors_on_real_passages(tmp_pat
     got = encoder.encode(texts, 8)
     assert np.abs(got - want).max() < TOLERANCE
     assert (got * want).sum(axis=1).min() > 1 - 1e-6
+
+
+# -- int8 (build="int8": measured by scripts/embed_speed.py, not an option of the embedder) ------
+
+# Measured on the bundled model: cosine >= 0.987 to torch's on 96 real passages (libtasn1's
+# manual); per-tensor scales (onnxruntime's default) gave 0.83, which the check must refuse.
+INT8_MIN_COSINE = onnx_embed.INT8_MIN_COSINE
+
+
+def cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    return (got * want).sum(axis=1)
+
+
+def test_int8_vectors_are_near_torch_but_not_equal(tiny_torch, tiny_folder, tmp_path):
+    encoder = OnnxEncoder.load(tiny_torch.model, tiny_folder, tmp_path, build="int8")
+    assert encoder.build == "int8" and ".int8-" in encoder.path.name
+    assert encoder.path.stat().st_size < onnx_embed.onnx_file(tiny_folder, tmp_path).stat().st_size
+    want = tiny_torch.embed_array(TEXTS)
+    for size in (1, 32):
+        got = encoder.encode(TEXTS, size)
+        assert cosines(got, want).min() >= INT8_MIN_COSINE
+        assert np.abs(got - want).max() > TOLERANCE  # quantised: not the fp32 graph renamed
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".lock") == sorted(
+        [encoder.path.name, onnx_embed.onnx_file(tiny_folder, tmp_path).name])
+
+
+def test_an_int8_file_that_gives_other_vectors_is_made_again(tiny_torch, tiny_folder, tmp_path,
+                                                             monkeypatch):
+    path = OnnxEncoder.load(tiny_torch.model, tiny_folder, tmp_path, build="int8").path
+    other = tmp_path / "other" / "model.onnx"
+    other.parent.mkdir()
+    export_another_model(tiny_torch, other)
+    onnx_embed.quantise(other, path)  # another model's int8 file under this model's name
+    made = []
+    real = onnx_embed.quantise
+    monkeypatch.setattr(onnx_embed, "quantise", lambda *a: (made.append(a), real(*a)))
+    encoder = OnnxEncoder.load(tiny_torch.model, tiny_folder, tmp_path, build="int8")
+    assert len(made) == 1
+    assert cosines(encoder.encode(TEXTS), tiny_torch.embed_array(TEXTS)).min() >= INT8_MIN_COSINE
+
+
+@pytest.mark.slow
+def test_bundled_model_int8_vectors_are_near_torch_vectors_on_real_passages(tmp_path):
+    from ragspec.retrieval.loaders import load_file
+    from ragspec.retrieval.passages import split_documents
+
+    torch_embedder = Embedder(onnx=False)
+    source = REAL_PDF if REAL_PDF.is_file() else REPO / "data" / "corpus" / "operations-guide.pdf"
+    texts = [d.text for d in split_documents(load_file(source), torch_embedder)]
+    texts = sorted(texts, key=len)[:: max(1, len(texts) // 48)][:48]
+    encoder = OnnxEncoder.load(torch_embedder.model, bundled_model_dir(), tmp_path, build="int8")
+    got, want = encoder.encode(texts, 8), torch_embedder.embed_array(texts)
+    assert cosines(got, want).min() >= INT8_MIN_COSINE
+    assert cosines(got, want).mean() >= 0.99

@@ -25,6 +25,19 @@ much more from larger batches than onnxruntime: at 8 onnxruntime was 1.4-1.6x fa
 0.8x), best of two rounds each, kept beside the ONNX file under a key of this CPU's model and
 flags, the thread count, the batch size and both engines' versions.
 
+int8 (`build="int8"`): the same graph with the weights of its 36 weight matrix products stored
+as int8, one scale per output column, the activations quantised per batch as they come
+(onnxruntime.quantization's dynamic quantisation; the integer products use VNNI where the CPU has
+it). scripts/embed_speed.py measures it; the embedder does not offer it (on the 2-core Xeon it
+was short of MIN_SPEEDUP at ingest's batch of 32 and moved recall@5 by more than 0.02 on one
+question set: docs/formats.md). Its vectors are near torch's, not equal: on the probe batch every
+vector's cosine to torch's must be at least INT8_MIN_COSINE, checked at every load (measured:
+>= 0.98 on real passages), and since a batch's activations share one scale, a text's vector
+depends a little on the batch it came in. It is made from the fp32 file and kept at
+`<cache_dir>/<digest>.int8-<q>.onnx` (<q>: onnxruntime's version and INT8_FORMAT), written and
+renamed as the fp32 file is, under the same lock; a file that fails the check is made again
+once, with the fp32 file it came from.
+
 Threads: onnxruntime uses as many threads within an operator as torch does
 (`torch.get_num_threads()`, 2 on a 2-core machine), one between operators; with
 OMP_WAIT_POLICY=PASSIVE its idle threads sleep instead of spinning, as torch's do.
@@ -54,6 +67,9 @@ logger = logging.getLogger(__name__)
 OPSET = 17
 FORMAT = 1  # bump when the exported graph or its inputs change
 TOLERANCE = 1e-5  # largest |difference| of a unit vector's entries on the probe batch
+BUILDS = ("fp32", "int8")
+INT8_FORMAT = 1  # bump when the quantisation settings change
+INT8_MIN_COSINE = 0.97  # smallest cosine of an int8 vector of the probe batch to torch's
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 # Three lengths, so the probe batch is padded: a graph that ignored the mask would fail it.
 PROBE = (
@@ -103,6 +119,44 @@ def folder_digest(folder: Path) -> str:
             for block in iter(lambda: data.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()[:32]
+
+
+def onnx_file(folder: Path, cache_dir: Path, build: str = "fp32") -> Path:
+    """Where the exported (fp32) or quantised (int8) graph of the model in `folder` is kept."""
+    if build not in BUILDS:
+        raise ValueError(f"build must be one of {BUILDS}, got {build!r}")
+    digest = folder_digest(folder)
+    if build == "fp32":
+        return cache_dir / f"{digest}.onnx"
+    quantiser = hashlib.sha256(f"onnxruntime {version('onnxruntime')} int8 "
+                               f"{INT8_FORMAT}".encode()).hexdigest()[:8]
+    return cache_dir / f"{digest}.int8-{quantiser}.onnx"
+
+
+def quantise(source: Path, target: Path) -> None:
+    """Write `source`'s graph to `target` with its weight matrix products in int8 (dynamic)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    stored = {tensor.name for tensor in graph.initializer}
+    # Products of two activations (attention scores) stay fp32: only stored weights are int8.
+    activations = [node.name for node in graph.node
+                   if node.op_type == "MatMul" and not stored.intersection(node.input)]
+    quiet = logging.getLogger()  # its advice on pre-processing goes to the root logger
+    hush = _Hush()
+    quiet.addFilter(hush)
+    try:
+        quantize_dynamic(str(source), str(target), per_channel=True,
+                         weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                         nodes_to_exclude=activations)
+    finally:
+        quiet.removeFilter(hush)
+
+
+class _Hush(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
 
 
 def _input_names(model) -> list[str]:
@@ -172,13 +226,14 @@ def _torch_threads() -> int:
 class OnnxEncoder:
     """The model's transformer in an onnxruntime session; see the module docstring."""
 
-    def __init__(self, model, session, names: list[str], path: Path, threads: int = 1) -> None:
+    def __init__(self, model, session, names: list[str], path: Path, threads: int = 1,
+                 build: str = "fp32") -> None:
         self.model, self.session, self.names, self.path = model, session, names, path
-        self.threads = threads
+        self.threads, self.build = threads, build
 
     @classmethod
     def load(cls, model, folder: str | os.PathLike, cache_dir: str | os.PathLike,
-             threads: int | None = None) -> OnnxEncoder:
+             threads: int | None = None, build: str = "fp32") -> OnnxEncoder:
         try:
             import onnxruntime  # noqa: F401
         except ImportError as exc:
@@ -189,16 +244,20 @@ class OnnxEncoder:
         _check_model(model)
         names = _input_names(model)
         cache_dir.mkdir(parents=True, exist_ok=True)
-        path = cache_dir / f"{folder_digest(folder)}.onnx"
+        fp32 = onnx_file(folder, cache_dir)
+        path = onnx_file(folder, cache_dir, build)
         from filelock import FileLock
 
-        with FileLock(str(path) + ".lock", timeout=900):
+        with FileLock(str(fp32) + ".lock", timeout=900):
             for attempt in (0, 1):
+                if not fp32.exists():
+                    cls._write(fp32, lambda built: export(model, names, built), "ONNX export")
                 if not path.exists():
-                    cls._export_to(model, names, path)
+                    cls._write(path, lambda built: quantise(fp32, built), "int8 quantisation")
                 try:
                     threads = threads or _torch_threads()
-                    encoder = cls(model, cls._session(path, threads), names, path, threads)
+                    encoder = cls(model, cls._session(path, threads), names, path, threads,
+                                  build)
                     encoder.check()
                     return encoder
                 except Exception as exc:  # noqa: BLE001 - onnxruntime's errors have no common base
@@ -206,17 +265,19 @@ class OnnxEncoder:
                         raise OnnxUnavailable(f"the exported model does not run ({exc})") from exc
                     logger.info("ONNX file %s is damaged (%s): exporting it again", path, exc)
                     path.unlink(missing_ok=True)
+                    fp32.unlink(missing_ok=True)  # an int8 file is only as good as its source
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _export_to(model, names: list[str], path: Path) -> None:
+    def _write(path: Path, make, what: str) -> None:
+        """`make(built)` writes a file beside `path`; it is synced and renamed to `path`."""
         work = Path(tempfile.mkdtemp(prefix=".export-", dir=path.parent))
         try:
             built = work / path.name
             try:
-                export(model, names, built)
+                make(built)
             except Exception as exc:  # noqa: BLE001 - the exporter raises many kinds
-                raise OnnxUnavailable(f"the ONNX export failed ({type(exc).__name__}: "
+                raise OnnxUnavailable(f"the {what} failed ({type(exc).__name__}: "
                                       f"{exc})") from exc
             if sorted(p.name for p in work.iterdir()) != [path.name]:
                 raise OnnxUnavailable("the model is too large for one ONNX file")
@@ -241,10 +302,11 @@ class OnnxEncoder:
 
     @staticmethod
     def recorded_speedup(folder: str | os.PathLike, cache_dir: str | os.PathLike,
-                         batch_size: int = 32, threads: int | None = None) -> float | None:
+                         batch_size: int = 32, threads: int | None = None,
+                         build: str = "fp32") -> float | None:
         """What `speedup` measured for this model folder here before, None if nothing (no
         session is opened: a machine where torch won pays only for hashing the folder)."""
-        path = Path(cache_dir) / f"{folder_digest(Path(folder))}.onnx"
+        path = onnx_file(Path(folder), Path(cache_dir), build)
         return _read_speedup(_speed_record(path, threads or _torch_threads(), batch_size))
 
     def speedup(self, batch_size: int = 32) -> float:
@@ -277,10 +339,16 @@ class OnnxEncoder:
         return measured["speedup"]
 
     def check(self) -> None:
-        """Raise ValueError when this session's vectors of the probe batch are not torch's."""
+        """Raise ValueError when this session's vectors of the probe batch are not torch's
+        (fp32: to TOLERANCE; int8: to a cosine of INT8_MIN_COSINE)."""
         want = self.model.encode(list(PROBE), normalize_embeddings=True, convert_to_numpy=True,
                                  show_progress_bar=False)
         got = self.encode(PROBE)
+        if self.build == "int8":
+            cosine = float((got * want).sum(axis=1).min())
+            if not cosine >= INT8_MIN_COSINE:
+                raise ValueError(f"its vectors' cosine to torch's is as low as {cosine:.4f}")
+            return
         worst = float(np.abs(got - want).max())
         if not worst <= TOLERANCE:
             raise ValueError(f"its vectors differ from torch's by {worst:.2e}")
