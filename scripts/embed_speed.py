@@ -39,34 +39,47 @@ def passages(paths: list[str], embedder) -> list[str]:
     return out
 
 
-def onnx8_embedder(threads: int):
-    """The bundled embedder with its transformer in onnxruntime's int8 build."""
+def int8_encoder(embedder, threads: int | None = None):
+    """An OnnxEncoder of the int8 build of `embedder`'s (the bundled) model."""
     from ragspec import paths
-    from ragspec.retrieval.embeddings import Embedder, bundled_model_dir
+    from ragspec.retrieval.embeddings import bundled_model_dir
     from ragspec.retrieval.onnx_embed import OnnxEncoder
 
+    return OnnxEncoder.load(embedder.model, bundled_model_dir(), paths.models_dir() / "embedders",
+                            threads, build="int8")
+
+
+def onnx8_embedder(threads: int):
+    """The bundled embedder with its transformer in onnxruntime's int8 build."""
+    from ragspec.retrieval.embeddings import Embedder
+
     embedder = Embedder(onnx=True)
-    embedder._encoder = OnnxEncoder.load(embedder.model, bundled_model_dir(),
-                                         paths.models_dir() / "embedders", threads, build="int8")
+    embedder._encoder = int8_encoder(embedder, threads)
     return embedder
 
 
-def torch8_embedder():
-    """The bundled embedder with torch's dynamic int8 Linear layers (per output column)."""
+def quantise_linear(model) -> None:
+    """Replace the transformer of a loaded SentenceTransformer by torch's dynamic int8 of every
+    Linear layer (one scale per output column)."""
     import warnings
 
     import torch
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    from ragspec.retrieval.embeddings import Embedder
-
-    embedder = Embedder(onnx=False)
-    first = embedder.model[0]
+    first = model[0]
     spec = {name: per_channel_dynamic_qconfig for name, module in first.model.named_modules()
             if isinstance(module, torch.nn.Linear)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its notes on moving to torchao
         first.model = quantize_dynamic(first.model, spec, dtype=torch.qint8)
+
+
+def torch8_embedder():
+    """The bundled embedder with torch's dynamic int8 Linear layers."""
+    from ragspec.retrieval.embeddings import Embedder
+
+    embedder = Embedder(onnx=False)
+    quantise_linear(embedder.model)
     return embedder
 
 

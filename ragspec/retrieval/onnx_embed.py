@@ -302,11 +302,10 @@ class OnnxEncoder:
 
     @staticmethod
     def recorded_speedup(folder: str | os.PathLike, cache_dir: str | os.PathLike,
-                         batch_size: int = 32, threads: int | None = None,
-                         build: str = "fp32") -> float | None:
+                         batch_size: int = 32, threads: int | None = None) -> float | None:
         """What `speedup` measured for this model folder here before, None if nothing (no
         session is opened: a machine where torch won pays only for hashing the folder)."""
-        path = onnx_file(Path(folder), Path(cache_dir), build)
+        path = onnx_file(Path(folder), Path(cache_dir))
         return _read_speedup(_speed_record(path, threads or _torch_threads(), batch_size))
 
     def speedup(self, batch_size: int = 32) -> float:
