@@ -42,6 +42,7 @@ class Segment:
     rows: np.ndarray  # int32
     counts: np.ndarray  # int32
     _bounds: tuple[float, np.ndarray] | None = field(default=None, repr=False)
+    _top_row: int | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, terms: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> Segment:
@@ -64,6 +65,12 @@ class Segment:
             return None
         lo, hi = self.starts[i], self.starts[i + 1]
         return self.rows[lo:hi], self.counts[lo:hi]
+
+    def top_row(self) -> int:
+        """The largest row it holds (-1 when empty)."""
+        if self._top_row is None:
+            self._top_row = int(self.rows.max()) if len(self.rows) else -1
+        return self._top_row
 
     def flat_terms(self) -> np.ndarray:
         return np.repeat(self.terms, np.diff(self.starts))
