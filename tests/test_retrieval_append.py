@@ -133,6 +133,9 @@ def test_appended_keywords_and_vectors_equal_a_full_rebuild_through_deletes_and_
     check()
 
 
+SIZES = [0, 2, 4, 6, 8, 0, 2, 4]
+
+
 def test_appends_past_the_base_and_compact_min_become_a_full_commit(tmp_path, monkeypatch):
     import ragspec.retrieval.store as store_module
 
@@ -144,8 +147,8 @@ def test_appends_past_the_base_and_compact_min_become_a_full_commit(tmp_path, mo
             _add(store, f"d{i}", [f"passage {i} number {j}" for j in range(2)])
         log = persist._read_log(tmp_path / "index" / persist.APPEND_NAME)
         sizes.append(0 if log is None else sum(e["passages"] for e in log["extents"]))
-    # base 2, then appends while they stay within max(base, 3) passages, then a full commit
-    assert sizes == [0, 2, 0, 2, 4, 6, 0, 2]
+    # base 2, then appends while within max(4 * base, 3) passages, then a full commit (base 12)
+    assert sizes == SIZES
     assert _state(PassageStore.open(tmp_path / "index", HashEmbedder())) == _state(store)
 
 

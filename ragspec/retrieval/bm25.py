@@ -428,7 +428,7 @@ class BM25Index:
                 lengths: np.ndarray, extra: dict) -> bytes:
         """The .npz of postings (our term ids, final rows, counts) and the rows' lengths: token
         ids become their place in sorted order, postings sorted by (token, row)."""
-        used = np.unique(terms)
+        used = np.flatnonzero(np.bincount(terms, minlength=len(self._tokens)))
         names = [self._tokens[t] for t in used.tolist()]
         by_name = np.argsort(np.asarray(names, dtype=object), kind="stable") if names else \
             np.zeros(0, dtype=np.int64)

@@ -425,7 +425,7 @@ typedef struct {
     int64_t *at;        /* id -> offset in arena */
     int32_t *len;       /* id -> length */
     int64_t size, id_cap;
-    int32_t *slots;     /* open addressing: id + 1, 0 = empty */
+    uint64_t *slots;    /* open addressing: (hash's top 32 bits) << 32 | (id + 1); 0 = empty */
     uint64_t *hashes;   /* id -> hash */
     int64_t n_slots;    /* a power of two */
 } vocab_t;
@@ -458,24 +458,25 @@ int64_t ragspec_vocab_size(void *handle) { return ((vocab_t *)handle)->size; }
 
 static int64_t find_token(const vocab_t *v, const char *s, int64_t n, uint64_t h) {
     uint64_t mask = (uint64_t)v->n_slots - 1;
+    uint64_t tag = h >> 32;
     for (uint64_t i = h & mask;; i = (i + 1) & mask) {
-        int32_t slot = v->slots[i];
+        uint64_t slot = v->slots[i];
         if (!slot) return -1 - (int64_t)i; /* absent: -1 - the empty slot */
-        int64_t id = slot - 1;
-        if (v->hashes[id] == h && v->len[id] == n && memcmp(v->arena + v->at[id], s, n) == 0)
-            return id;
+        if (slot >> 32 != tag) continue; /* the tag in the slot spares a look at the token */
+        int64_t id = (int64_t)(slot & 0xffffffffu) - 1;
+        if (v->len[id] == n && memcmp(v->arena + v->at[id], s, n) == 0) return id;
     }
 }
 
 static int grow_slots(vocab_t *v) {
     int64_t n_slots = v->n_slots * 2;
-    int32_t *slots = calloc(n_slots, sizeof *slots);
+    uint64_t *slots = calloc(n_slots, sizeof *slots);
     if (!slots) return -1;
     uint64_t mask = (uint64_t)n_slots - 1;
     for (int64_t id = 0; id < v->size; id++) {
         uint64_t i = v->hashes[id] & mask;
         while (slots[i]) i = (i + 1) & mask;
-        slots[i] = (int32_t)(id + 1);
+        slots[i] = (v->hashes[id] >> 32) << 32 | (uint64_t)(id + 1);
     }
     free(v->slots);
     v->slots = slots;
@@ -514,7 +515,7 @@ static int64_t insert_token(vocab_t *v, const char *s, int64_t n, uint64_t h) {
     v->hashes[id] = h;
     v->arena_len += n;
     int64_t found = find_token(v, s, n, h); /* the empty slot for it (the table may have grown) */
-    v->slots[-1 - found] = (int32_t)(id + 1);
+    v->slots[-1 - found] = (h >> 32) << 32 | (uint64_t)(id + 1);
     return id;
 }
 

@@ -11,7 +11,8 @@ protocol, provenance), with this backend's specifics:
     documents appends them (persist.append_snapshot: the new vectors, lines and keyword
     postings after the committed ones, then a small record renamed into place), so a commit
     costs what it adds, not the whole index. A commit that removes or replaces a document, or
-    after which the appended passages would outnumber the base's (and COMPACT_MIN), rewrites
+    after which the appended passages would outnumber APPEND_RATIO times the base's (and
+    COMPACT_MIN), rewrites
     the folder's three files beside the old ones and renames them into place: the appends are
     folded in, and the total rewriting stays proportional to the index's size.
   * Dense search is exact (the flat index) below faiss_ann.THRESHOLD passages (50,000) and
@@ -35,7 +36,14 @@ from ragspec.retrieval import persist
 from ragspec.retrieval.bm25 import BM25Index
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError
 from ragspec.retrieval.faiss_ann import ApproxIndex, wanted
-from ragspec.retrieval.faiss_store import GpuView, from_lc, gpu_available, new_faiss, to_lc
+from ragspec.retrieval.faiss_store import (
+    GpuView,
+    add_rows,
+    from_lc,
+    gpu_available,
+    new_faiss,
+    to_lc,
+)
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
 from ragspec.retrieval.records import SEARCH_MODES, DocumentInfo, Hit, Passage, SearchResult
 from ragspec.retrieval.store_base import (
@@ -46,7 +54,10 @@ from ragspec.retrieval.store_base import (
     doc_id_for,
 )
 
-# Appending commits go on while the appended passages are at most this many or the base's count.
+# Appending commits go on while the appended passages are at most APPEND_RATIO times the base's
+# count, or COMPACT_MIN: full commits come at geometrically growing sizes, so all of them
+# together rewrite O(final size) passages.
+APPEND_RATIO = 4
 COMPACT_MIN = 50_000
 
 __all__ = ["PassageStore", "PassageEmbedder", "Passage", "Hit", "DocumentInfo", "SearchResult",
@@ -205,7 +216,8 @@ class PassageStore(StoreBase):
         added = sum(len(passages) for _, passages, _ in self._fresh)
         try:
             if (self.appending and self._log is not None and self._fresh and not self._rewrite
-                    and self._log.passages + added <= max(self._base_passages, COMPACT_MIN)):
+                    and self._log.passages + added <= max(APPEND_RATIO * self._base_passages,
+                                                          COMPACT_MIN)):
                 self._append()
             else:
                 self._save_all()
@@ -251,11 +263,7 @@ class PassageStore(StoreBase):
     def _insert(self, info: DocumentInfo, passages: list[Passage], vectors) -> None:
         if self._lc is None:
             self._lc = new_faiss(faiss.IndexFlatIP(vectors.shape[1]), self.embedder)
-        self._lc.add_embeddings(
-            list(zip([p.text for p in passages], vectors, strict=True)),
-            metadatas=[to_lc(p).metadata for p in passages],
-            ids=[p.id for p in passages],
-        )
+        add_rows(self._lc, passages, vectors)
         self._keywords.add_many([(p.id, p.text) for p in passages])
         self._fresh.append((info, passages, vectors))
         self._changed()
