@@ -733,15 +733,15 @@ def _ingest_child(texts_path: Path, n: int) -> dict:
     index = store.PassageStore.open(folder, Given())
     load_start = os.getloadavg()
     progress = _Progress(n, "ingest")
-    outside = 0.0  # reading texts and making vectors: not the store's work
+    outside = outside_cpu = 0.0  # reading texts and making vectors: not the store's work
     done = commits = 0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     docs = _texts_by_doc(texts_path, n)
     exhausted = False
     while not exhausted:
         with index.writing():
             for _ in range(COMMIT_DOCS):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 item = next(docs, None)
                 if item is None:
                     exhausted = True
@@ -750,12 +750,14 @@ def _ingest_child(texts_path: Path, n: int) -> dict:
                 drafts = [PassageDraft(text=x, page=None, start=0) for x in texts]
                 vectors = _doc_vectors(base, doc, len(texts))
                 outside += time.perf_counter() - t
+                outside_cpu += time.process_time() - c
                 index.add_document(f"/scale/doc-{doc:07d}.txt", f"{doc:064x}", 1, drafts,
                                    vectors)
                 done += len(texts)
                 progress.update(done)
         commits += 1
     wall = time.perf_counter() - started - outside
+    cpu = time.process_time() - cpu - outside_cpu
     print(file=sys.stderr)
     t = timer.totals
     split = {"keywords_s": t["keywords"], "faiss_add_s": t["faiss_add"],
@@ -763,6 +765,7 @@ def _ingest_child(texts_path: Path, n: int) -> dict:
              "commit_s": t["commit"]}
     disk = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     out = {"ragspec": str(Path(ragspec.__file__).parent), "passages": n, "store_s": round(wall, 2), "passages_per_s": round(n / wall, 1),
+           "cpu_s": round(cpu, 2), "passages_per_cpu_s": round(n / cpu, 1),
            **{k: round(v, 2) for k, v in split.items()},
            "other_s": round(wall - sum(split.values()), 2),
            "outside_s (texts + vectors, not counted)": round(outside, 2),

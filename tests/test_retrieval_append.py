@@ -315,7 +315,9 @@ def test_the_c_tokenizer_gives_the_python_tokens_and_counts_on_real_text():
 def test_keyword_index_bytes_are_the_same_with_and_without_the_c_tokenizer(monkeypatch):
     if scorer() is None:
         pytest.skip("no C compiler: the Python tokenizer is the only one")
-    texts = real_texts(2000) + EDGES[1:] + ["Straße café ΣΑΣ", "ǅungla İ Ⅻ ①", "naïve ascii mix"]
+    texts = real_texts(2000) + EDGES[1:] + [
+        "Straße café ΣΑΣ", "ǅungla İ Ⅻ ①", "naïve ascii mix", "ΟΔΟΣ ΟΔΟΣ. ΟΔΟΣ,ΟΔΟΣ",
+        "the\u00a0THE the… l'été the_été x\u2028y", "ΣΑΣ.the ΣΑΣ the", "Σ", "aΣ bΣc ΣΣ"]
     pairs = [(f"p{i}", t) for i, t in enumerate(texts)]
     built = {}
     for flag in ("0", "1"):
