@@ -323,10 +323,12 @@ def keywords(texts_path, sizes, impls, baseline_ref, repeats, json_out, child) -
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
-def _in_child(args: list[str]) -> dict:
-    done = subprocess.run([sys.executable, "-m", "scripts.bench_scale", *args], cwd=REPO,
+def _in_child(args: list[str], code: Path = REPO) -> dict:
+    """Run this script with `args` in a fresh process, importing ragspec from `code` (another
+    checkout, for before/after numbers) and the scripts from here; its last line, as JSON."""
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], cwd=code,
                           stdout=subprocess.PIPE, text=True,  # stderr: the progress line
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{REPO}"})
     if done.returncode != 0:
         raise click.ClickException(f"{args}: exit status {done.returncode}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -801,14 +803,8 @@ def ingest(texts_path, sizes, code, json_out, child) -> None:
             where = Path(folder) if Path(folder).is_absolute() else (REPO / folder).resolve()
             head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
                                   capture_output=True, text=True).stdout.strip()
-            done = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "ingest", "--texts",
-                 str(texts_path), "--child", str(n)], cwd=where, stdout=subprocess.PIPE,
-                text=True, env={**os.environ, "PYTHONPATH": f"{where}{os.pathsep}{REPO}"})
-            if done.returncode != 0:
-                raise click.ClickException(f"{folder} at {n}: exit status {done.returncode}")
-            results.append({"code": str(where), "commit": head,
-                            **json.loads(done.stdout.strip().splitlines()[-1])})
+            results.append({"code": str(where), "commit": head, **_in_child(
+                ["ingest", "--texts", str(texts_path), "--child", str(n)], where)})
             click.echo(json.dumps(results[-1]))
     if json_out:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
