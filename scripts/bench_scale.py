@@ -424,7 +424,8 @@ def _search_child(texts_path: Path, n: int, backend: str, repeats: int) -> dict:
         os.environ["RAGSPEC_MILVUS_INDEX"] = "IVF_FLAT"
     store = open_index(where, lookup)
     # Milvus commits as `ragspec ingest` does (every COMMIT_DOCS files); the FAISS folder once
-    # at the end, since each of its commits rewrites the whole index (see docs/scaling.md).
+    # at the end, as in the earlier rows of docs/scaling.md, when each of its commits rewrote the
+    # whole index (its commits append now: the `ingest` command measures them every COMMIT_DOCS).
     per_commit = COMMIT_DOCS if backend != "faiss" else n
     progress = _Progress(n, f"ingest {backend}")
     started, commits, done = time.perf_counter(), 0, 0
