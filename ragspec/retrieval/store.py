@@ -12,9 +12,9 @@ protocol, provenance), with this backend's specifics:
     postings after the committed ones, then a small record renamed into place), so a commit
     costs what it adds, not the whole index. A commit that removes or replaces a document, or
     after which the appended passages would outnumber APPEND_RATIO times the base's (and
-    COMPACT_MIN), rewrites
-    the folder's three files beside the old ones and renames them into place: the appends are
-    folded in, and the total rewriting stays proportional to the index's size.
+    COMPACT_MIN), rewrites the folder's three files beside the old ones and renames them into
+    place: the appends are folded in, and the total rewriting stays proportional to the index's
+    size.
   * Dense search is exact (the flat index) below faiss_ann.THRESHOLD passages (50,000) and
     approximate past it (faiss_ann.py: IVF candidates, exact cosines; RAGSPEC_DENSE=exact
     keeps it exact). With a GPU build of faiss and a visible GPU, searches run exactly on a GPU
