@@ -8,6 +8,8 @@ Usage:
       --sizes 10000,100000,1000000 --repeats 3 [--baseline-ref main] --json OUT
   PYTHONPATH=. python scripts/bench_scale.py search --texts /tmp/scale-texts.jsonl \\
       --sizes 10000,100000,1000000 --backends faiss,milvus --repeats 3 --json OUT
+  PYTHONPATH=. python scripts/bench_scale.py ingest --texts /tmp/scale-texts.jsonl \\
+      --sizes 100000,1000000 --code .,/work/main --json OUT   # before/after, vectors given
   PYTHONPATH=. python scripts/bench_scale.py hybrid --texts /tmp/scale-texts.jsonl \
       --n 1000000 --repeats 3 [--keywords-file KW.npz] --json OUT   # the parts, no store
 
@@ -321,10 +323,12 @@ def keywords(texts_path, sizes, impls, baseline_ref, repeats, json_out, child) -
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
-def _in_child(args: list[str]) -> dict:
-    done = subprocess.run([sys.executable, "-m", "scripts.bench_scale", *args], cwd=REPO,
+def _in_child(args: list[str], code: Path = REPO) -> dict:
+    """Run this script with `args` in a fresh process, importing ragspec from `code` (another
+    checkout, for before/after numbers) and the scripts from here; its last line, as JSON."""
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], cwd=code,
                           stdout=subprocess.PIPE, text=True,  # stderr: the progress line
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{REPO}"})
     if done.returncode != 0:
         raise click.ClickException(f"{args}: exit status {done.returncode}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -420,7 +424,8 @@ def _search_child(texts_path: Path, n: int, backend: str, repeats: int) -> dict:
         os.environ["RAGSPEC_MILVUS_INDEX"] = "IVF_FLAT"
     store = open_index(where, lookup)
     # Milvus commits as `ragspec ingest` does (every COMMIT_DOCS files); the FAISS folder once
-    # at the end, since each of its commits rewrites the whole index (see docs/scaling.md).
+    # at the end, as in the earlier rows of docs/scaling.md, when each of its commits rewrote the
+    # whole index (its commits append now: the `ingest` command measures them every COMMIT_DOCS).
     per_commit = COMMIT_DOCS if backend != "faiss" else n
     progress = _Progress(n, f"ingest {backend}")
     started, commits, done = time.perf_counter(), 0, 0
@@ -674,6 +679,136 @@ def hybrid(texts_path, n, repeats, shares, keywords_file, json_out) -> None:
     click.echo(json.dumps(result))
     if json_out:
         json_out.write_text(json.dumps([result], indent=2) + "\n")
+
+
+# -- ingest alone ------------------------------------------------------------------------------
+
+class _Timer:
+    """Wraps methods to add the seconds spent inside them (outermost calls only) to a total."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self._depth: dict[str, int] = {}
+
+    def wrap(self, owner, name: str, key: str) -> None:
+        real = getattr(owner, name)
+        totals, depth = self.totals, self._depth
+        totals.setdefault(key, 0.0)
+
+        def timed(*args, **kwargs):
+            if depth.get(key):
+                return real(*args, **kwargs)
+            depth[key] = 1
+            started = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                totals[key] += time.perf_counter() - started
+                depth[key] = 0
+
+        setattr(owner, name, timed)
+
+
+def _ingest_child(texts_path: Path, n: int) -> dict:
+    import faiss
+
+    import ragspec
+    from ragspec.retrieval import bm25, store
+    from ragspec.retrieval.passages import PassageDraft
+
+    saved = np.load(_vectors_path(texts_path))
+    base = saved["base"]
+
+    class Given:  # the embedder, never called: the vectors come with the passages
+        name = "all-MiniLM-L6-v2 (bundled)"
+        dim = base.shape[1]
+
+        def embed_array(self, texts):
+            raise AssertionError("the benchmark gives the vectors")
+
+    timer = _Timer()
+    timer.wrap(bm25.BM25Index, "add_many", "keywords")
+    timer.wrap(faiss.IndexFlatIP, "add", "faiss_add")
+    timer.wrap(store.PassageStore, "add_document", "add_document")
+    timer.wrap(store.PassageStore, "_save", "commit")
+    scratch = Path(tempfile.mkdtemp(prefix="bench-ingest-", dir=os.environ.get("BENCH_TMP")))
+    folder = scratch / "index"
+    index = store.PassageStore.open(folder, Given())
+    load_start = os.getloadavg()
+    progress = _Progress(n, "ingest")
+    outside = outside_cpu = 0.0  # reading texts and making vectors: not the store's work
+    done = commits = 0
+    started, cpu = time.perf_counter(), time.process_time()
+    docs = _texts_by_doc(texts_path, n)
+    exhausted = False
+    while not exhausted:
+        with index.writing():
+            for _ in range(COMMIT_DOCS):
+                t, c = time.perf_counter(), time.process_time()
+                item = next(docs, None)
+                if item is None:
+                    exhausted = True
+                    break
+                doc, texts = item
+                drafts = [PassageDraft(text=x, page=None, start=0) for x in texts]
+                vectors = _doc_vectors(base, doc, len(texts))
+                outside += time.perf_counter() - t
+                outside_cpu += time.process_time() - c
+                index.add_document(f"/scale/doc-{doc:07d}.txt", f"{doc:064x}", 1, drafts,
+                                   vectors)
+                done += len(texts)
+                progress.update(done)
+        commits += 1
+    wall = time.perf_counter() - started - outside
+    cpu = time.process_time() - cpu - outside_cpu
+    print(file=sys.stderr)
+    t = timer.totals
+    split = {"keywords_s": t["keywords"], "faiss_add_s": t["faiss_add"],
+             "records_s": t["add_document"] - t["keywords"] - t["faiss_add"],
+             "commit_s": t["commit"]}
+    disk = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    out = {"ragspec": str(Path(ragspec.__file__).parent), "passages": n, "store_s": round(wall, 2), "passages_per_s": round(n / wall, 1),
+           "cpu_s": round(cpu, 2), "passages_per_cpu_s": round(n / cpu, 1),
+           **{k: round(v, 2) for k, v in split.items()},
+           "other_s": round(wall - sum(split.values()), 2),
+           "outside_s (texts + vectors, not counted)": round(outside, 2),
+           "commits": commits, "peak_rss_mb": round(
+               resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+           "disk_mb": round(disk / 2**20, 1), "files": sorted(p.name for p in folder.iterdir()),
+           "load_start": load_start, "load_end": os.getloadavg()}
+    t = time.perf_counter()
+    reopened = store.PassageStore.open(folder, Given())
+    out["open_s"] = round(time.perf_counter() - t, 2)
+    out["reopened_passages"] = reopened.passage_count()
+    return out
+
+
+@main.command()
+@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+              required=True)
+@click.option("--sizes", default="100000", show_default=True)
+@click.option("--code", default=".", show_default=True,
+              help="Checkouts to import ragspec from, comma-separated (e.g. .,/work/main): "
+                   "before and after side by side, one fresh process each.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--child", hidden=True, default=None)
+def ingest(texts_path, sizes, code, json_out, child) -> None:
+    """Store-side ingest into the FAISS folder, vectors given: passages/s, the time split
+    (keywords, FAISS add, records, commit), peak RSS, disk, load (see _ingest_child)."""
+    if child:
+        click.echo(json.dumps(_ingest_child(texts_path, int(child))))
+        return
+    results = []
+    for n in [int(s) for s in sizes.split(",")]:
+        for folder in code.split(","):
+            where = Path(folder) if Path(folder).is_absolute() else (REPO / folder).resolve()
+            head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True).stdout.strip()
+            results.append({"code": str(where), "commit": head, **_in_child(
+                ["ingest", "--texts", str(texts_path), "--child", str(n)], where)})
+            click.echo(json.dumps(results[-1]))
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 @main.command()

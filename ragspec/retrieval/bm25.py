@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
@@ -48,7 +49,7 @@ from itertools import chain, repeat
 import numpy as np
 
 from ragspec.retrieval.bm25_maxscore import QueryTerm, top_rows
-from ragspec.retrieval.bm25_native import scorer
+from ragspec.retrieval.bm25_native import Vocabulary, scorer
 from ragspec.retrieval.bm25_postings import K1, B, Column, Segment, contribution, new_pending
 
 logger = logging.getLogger(__name__)
@@ -69,8 +70,12 @@ def tokenize(text: str) -> list[str]:
 class BM25Index:
     """See the module docstring."""
 
+    rebuilt = False  # True when `restore` built it from the texts (no usable saved file)
+
     def __init__(self) -> None:
         self._vocabulary: dict[str, int] = {}
+        self._tokens: list[str] = []  # term id -> token (the dict's keys in id order)
+        self._native_vocab: Vocabulary | None = None  # the C tokenizer's copy (bm25_native)
         self._row_of: dict[str, int] = {}  # live passage id -> row
         self._pids: list[str | None] = []  # row -> passage id (None once removed)
         self._lengths = Column(np.int32)
@@ -118,23 +123,40 @@ class BM25Index:
             raise ValueError(f"passage {held!r} is already in the keyword index")
         if not pids:
             return
-        token_lists = [tokenize(text) for _, text in passages]
-        flat = list(chain.from_iterable(token_lists))
-        vocabulary = self._vocabulary
-        ids = np.fromiter(map(vocabulary.get, flat, repeat(-1)), dtype=np.int64, count=len(flat))
-        for i in np.flatnonzero(ids < 0).tolist():  # new words: the next ids, as they appear
-            ids[i] = vocabulary.setdefault(flat[i], len(vocabulary))
-        lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
         first = len(self._pids)
-        width = max(len(vocabulary), 1)
-        keys, tfs = np.unique(np.repeat(np.arange(first, first + len(pids)), lengths) * width
-                              + ids, return_counts=True)
-        rows = keys // width
-        distinct = np.bincount(rows - first, minlength=len(pids))
+        texts = [text for _, text in passages]
+        rows = np.arange(first, first + len(pids), dtype=np.int64)
+        lengths = np.zeros(len(pids), dtype=np.int64)
+        distinct = np.zeros(len(pids), dtype=np.int64)
+        counter = self._counter()
+        fast = [i for i, text in enumerate(texts) if text.isascii()] \
+            if counter is not None else []
+        slow = sorted(set(range(len(texts))) - set(fast)) if fast else range(len(texts))
         terms, pending_rows, counts = self._pending
-        terms.frombytes((keys % width).astype(np.int32).tobytes())
-        pending_rows.frombytes(rows.astype(np.int32).tobytes())
-        counts.frombytes(tfs.astype(np.int32).tobytes())
+        postings = 0
+        if len(slow):
+            slow = np.asarray(slow, dtype=np.int64)
+            keys, tfs, width, token_counts = self._count_python([texts[i] for i in slow])
+            local = keys // width  # place in `slow`
+            terms.frombytes((keys % width).astype(np.int32).tobytes())
+            pending_rows.frombytes(rows[slow][local].astype(np.int32).tobytes())
+            counts.frombytes(tfs.astype(np.int32).tobytes())
+            lengths[slow] = token_counts
+            distinct[slow] = np.bincount(local, minlength=len(slow))
+            postings += len(keys)
+        if fast:
+            fast = np.asarray(fast, dtype=np.int64)
+            counter.sync(self._tokens)
+            counted = counter.count([texts[i] for i in fast], rows[fast])
+            for token in counted.new_tokens:  # the C table gave them the next ids
+                self._vocabulary[token] = len(self._tokens)
+                self._tokens.append(token)
+            terms.frombytes(counted.terms.tobytes())
+            pending_rows.frombytes(counted.rows.tobytes())
+            counts.frombytes(counted.counts.tobytes())
+            lengths[fast] = counted.lengths
+            distinct[fast] = counted.distinct
+            postings += len(counted.terms)
         self._row_of.update(zip(pids, range(first, first + len(pids)), strict=True))
         self._pids.extend(pids)
         self._lengths.extend(lengths.astype(np.int32))
@@ -142,9 +164,36 @@ class BM25Index:
         self._alive.extend(np.ones(len(pids), dtype=np.bool_))
         self._total_length += int(lengths.sum())
         self._norm = None
-        self._postings += len(keys)
+        self._postings += postings
         if len(terms) >= _SEAL_POSTINGS:
             self._seal_pending()
+
+    def _counter(self) -> Vocabulary | None:
+        """The C tokenizer's vocabulary beside ours (None without the C build)."""
+        if self._native_vocab is None and os.environ.get("RAGSPEC_NATIVE_TOKENIZE") != "0":
+            native = scorer()
+            if native is not None:
+                self._native_vocab = native.vocabulary()
+        return self._native_vocab
+
+    def _count_python(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """Postings of `texts` by `tokenize` and numpy: (keys = text place * width + term id,
+        their counts, width, each text's token count). New tokens get the next ids."""
+        token_lists = [tokenize(text) for text in texts]
+        flat = list(chain.from_iterable(token_lists))
+        vocabulary, tokens = self._vocabulary, self._tokens
+        ids = np.fromiter(map(vocabulary.get, flat, repeat(-1)), dtype=np.int64, count=len(flat))
+        for i in np.flatnonzero(ids < 0).tolist():  # new words: the next ids, as they appear
+            term = vocabulary.get(flat[i])
+            if term is None:
+                term = vocabulary[flat[i]] = len(tokens)
+                tokens.append(flat[i])
+            ids[i] = term
+        lengths = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+        width = max(len(vocabulary), 1)
+        keys, tfs = np.unique(np.repeat(np.arange(len(texts)), lengths) * width + ids,
+                              return_counts=True)
+        return keys, tfs, width, lengths
 
     def _append_row(self, pid: str, length: int, distinct: int) -> None:
         self._row_of[pid] = len(self._pids)
@@ -347,24 +396,49 @@ class BM25Index:
         else:
             self._segments = [Segment.build(*(np.zeros(0, dtype=np.int32),) * 3)]
         segment = self._segments[0]
-        # Renumber: our row -> its place in `order`; token ids -> their place in sorted order.
+        # Renumber: our row -> its place in `order`.
         place = np.full(len(self._pids), -1, dtype=np.int64)
         place[[self._row_of[pid] for pid in order]] = np.arange(len(order))
-        tokens = sorted(self._vocabulary, key=self._vocabulary.__getitem__)
-        used = segment.terms
-        names = [tokens[t] for t in used.tolist()]
+        lengths = self._lengths.view()[[self._row_of[pid] for pid in order]] if order else \
+            np.zeros(0, dtype=np.int32)
+        return self._encode(segment.flat_terms(), place[segment.rows], segment.counts, lengths,
+                            {"ids": np.frombuffer("\n".join(order).encode("utf-8"),
+                                                  dtype=np.uint8)} if with_ids else {})
+
+    def rows_bytes(self, order: Sequence[str]) -> bytes:
+        """`to_bytes` of the newest passages alone: `order` must be the ids of the last rows
+        added (none of them removed), in the order they were added. Reads only the pending
+        postings and the segments that reach those rows (an appending commit's keywords,
+        persist.append_snapshot); `extend_bytes` adds them back on top of the older rows."""
+        first = len(self._pids) - len(order)
+        if [self._row_of.get(pid) for pid in order] != list(range(first, len(self._pids))):
+            raise AssertionError("rows_bytes takes the newest passages, in the order added")
+        terms, rows, counts = (np.frombuffer(a, dtype=np.int32) for a in self._pending)
+        parts = [(terms, rows, counts)]
+        for segment in self._segments:
+            if segment.top_row() >= first:
+                parts.append((segment.flat_terms(), segment.rows, segment.counts))
+        keep = [r >= first for _, r, _ in parts]
+        return self._encode(np.concatenate([t[k] for (t, _, _), k in zip(parts, keep)]),
+                            np.concatenate([r[k] for (_, r, _), k in zip(parts, keep)]) - first,
+                            np.concatenate([c[k] for (_, _, c), k in zip(parts, keep)]),
+                            self._lengths.view()[first:], {})
+
+    def _encode(self, terms: np.ndarray, rows: np.ndarray, counts: np.ndarray,
+                lengths: np.ndarray, extra: dict) -> bytes:
+        """The .npz of postings (our term ids, final rows, counts) and the rows' lengths: token
+        ids become their place in sorted order, postings sorted by (token, row)."""
+        used = np.flatnonzero(np.bincount(terms, minlength=len(self._tokens)))
+        names = [self._tokens[t] for t in used.tolist()]
         by_name = np.argsort(np.asarray(names, dtype=object), kind="stable") if names else \
             np.zeros(0, dtype=np.int64)
-        new_term = np.empty(len(used), dtype=np.int64)
-        new_term[by_name] = np.arange(len(used))
-        flat = np.repeat(new_term, np.diff(segment.starts))
-        rows = place[segment.rows]
-        canonical = Segment.build(flat.astype(np.int32), rows.astype(np.int32), segment.counts)
+        new_term = np.full(max(len(self._tokens), 1), -1, dtype=np.int64)
+        new_term[used[by_name]] = np.arange(len(used))
+        canonical = Segment.build(new_term[terms].astype(np.int32), rows.astype(np.int32),
+                                  counts)
         offsets = np.zeros(len(used) + 1, dtype=np.int64)
         offsets[canonical.terms + 1] = np.diff(canonical.starts)
         offsets = np.cumsum(offsets)
-        lengths = self._lengths.view()[[self._row_of[pid] for pid in order]] if order else \
-            np.zeros(0, dtype=np.int32)
         buffer = io.BytesIO()
         np.savez(
             buffer,
@@ -374,8 +448,7 @@ class BM25Index:
             offsets=offsets,
             rows=canonical.rows,
             counts=canonical.counts,
-            **({"ids": np.frombuffer("\n".join(order).encode("utf-8"), dtype=np.uint8)}
-               if with_ids else {}),
+            **extra,
         )
         return buffer.getvalue()
 
@@ -390,42 +463,36 @@ class BM25Index:
         return raw.split("\n") if raw else []
 
     @classmethod
-    def restore(cls, data: bytes | None, passages: Sequence[tuple[str, str]]) -> BM25Index:
-        """The index of `passages` ((id, text) pairs, in row order): read from `data` when that
-        fits them, else built from the texts (an index saved without keywords, by another
-        tokenizer, or a stale or damaged file). The texts are the authority, so rebuilding is
-        always safe, only slower."""
+    def restore(cls, data: bytes | None, passages: Sequence[tuple[str, str]],
+                parts: Sequence[tuple[bytes, int]] = ()) -> BM25Index:
+        """The index of `passages` ((id, text) pairs, in row order): read from `data` (the
+        first passages) and `parts` (`rows_bytes` of the next ones, each with its passage
+        count) when they fit them, else built from the texts (an index saved without keywords,
+        by another tokenizer, or a stale or damaged file). The texts are the authority, so
+        rebuilding is always safe, only slower."""
         if data is not None:
+            ids = [pid for pid, _ in passages]
+            at = len(ids) - sum(n for _, n in parts)
             try:
-                return cls.from_bytes(data, [pid for pid, _ in passages])
+                index = cls.from_bytes(data, ids[:at])
+                for blob, n in parts:
+                    index.extend_bytes(blob, ids[at : at + n])
+                    at += n
+                return index
             except ValueError as exc:
                 logger.info("rebuilding the keyword index: %s", exc)
-        return cls.build(passages)
+        index = cls.build(passages)
+        index.rebuilt = True
+        return index
 
     @classmethod
     def from_bytes(cls, data: bytes, order: Sequence[str]) -> BM25Index:
         """Read `to_bytes` output whose rows are the passages `order`; ValueError if it was
         built by another tokenizer or does not fit them."""
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-                if "tokenizer" not in arrays.files:
-                    raise ValueError("the file does not name the tokenizer that built it")
-                tokenizer = arrays["tokenizer"].tobytes().decode("utf-8")
-                raw = arrays["vocabulary"].tobytes().decode("utf-8")
-                lengths, offsets = arrays["lengths"], arrays["offsets"]
-                rows, counts = arrays["rows"], arrays["counts"]
-        except (OSError, KeyError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not a keyword index file ({exc})") from exc
-        except ValueError as exc:
-            if "tokenizer" in str(exc):
-                raise
-            raise ValueError(f"not a keyword index file ({exc})") from exc
-        if tokenizer != TOKENIZER:
-            raise ValueError(f"built by another tokenizer ({tokenizer!r}, not {TOKENIZER!r})")
-        vocabulary = raw.split("\n") if raw else []
-        _check(vocabulary, lengths, offsets, rows, counts, len(order))
+        vocabulary, lengths, offsets, rows, counts = _read_arrays(data, len(order))
         index = cls()
         index._vocabulary = {token: i for i, token in enumerate(vocabulary)}
+        index._tokens = list(vocabulary)
         distinct = np.bincount(rows, minlength=len(order)).tolist()
         for pid, length, held in zip(order, lengths.tolist(), distinct, strict=True):
             index._append_row(pid, length, held)
@@ -436,6 +503,55 @@ class BM25Index:
                                         counts.astype(np.int32))]
         index._postings = len(rows)
         return index
+
+    def extend_bytes(self, data: bytes, order: Sequence[str]) -> None:
+        """Add the passages `order` from `rows_bytes` output (rows after ours); ValueError if
+        it was built by another tokenizer or does not fit them."""
+        if any(pid in self._row_of for pid in order) or len(set(order)) != len(order):
+            raise ValueError("the keyword part repeats a passage")
+        vocabulary, lengths, offsets, rows, counts = _read_arrays(data, len(order))
+        ids = np.empty(len(vocabulary), dtype=np.int32)
+        for i, token in enumerate(vocabulary):
+            term = self._vocabulary.get(token)
+            if term is None:
+                term = self._vocabulary[token] = len(self._tokens)
+                self._tokens.append(token)
+            ids[i] = term
+        first = len(self._pids)
+        distinct = np.bincount(rows, minlength=len(order)).tolist()
+        for pid, length, held in zip(order, lengths.tolist(), distinct, strict=True):
+            self._append_row(pid, length, held)
+        terms, pending_rows, pending_counts = self._pending
+        terms.frombytes(np.repeat(ids, np.diff(offsets)).astype(np.int32).tobytes())
+        pending_rows.frombytes((rows.astype(np.int64) + first).astype(np.int32).tobytes())
+        pending_counts.frombytes(counts.astype(np.int32).tobytes())
+        self._postings += len(rows)
+        if len(terms) >= _SEAL_POSTINGS:
+            self._seal_pending()
+
+
+def _read_arrays(data: bytes, n: int):
+    """(vocabulary, lengths, offsets, rows, counts) of a keyword .npz of n rows, checked;
+    ValueError if it was built by another tokenizer or is not consistent."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            if "tokenizer" not in arrays.files:
+                raise ValueError("the file does not name the tokenizer that built it")
+            tokenizer = arrays["tokenizer"].tobytes().decode("utf-8")
+            raw = arrays["vocabulary"].tobytes().decode("utf-8")
+            lengths, offsets = arrays["lengths"], arrays["offsets"]
+            rows, counts = arrays["rows"], arrays["counts"]
+    except (OSError, KeyError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not a keyword index file ({exc})") from exc
+    except ValueError as exc:
+        if "tokenizer" in str(exc):
+            raise
+        raise ValueError(f"not a keyword index file ({exc})") from exc
+    if tokenizer != TOKENIZER:
+        raise ValueError(f"built by another tokenizer ({tokenizer!r}, not {TOKENIZER!r})")
+    vocabulary = raw.split("\n") if raw else []
+    _check(vocabulary, lengths, offsets, rows, counts, n)
+    return vocabulary, lengths, offsets, rows, counts
 
 
 def _check(vocabulary, lengths, offsets, rows, counts, n: int) -> None:

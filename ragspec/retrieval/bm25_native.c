@@ -407,3 +407,212 @@ done:
     free(kept_scores);
     return result;
 }
+
+/* -- tokenising and counting (bm25.BM25Index.add_many's path for ASCII texts) -----------------
+ *
+ * A vocabulary (token bytes -> id, ids 0, 1, 2, ... in insertion order) kept in C beside the
+ * Python dict it mirrors: the caller inserts the tokens the dict holds and this table lacks
+ * (ragspec_vocab_add) before each ragspec_tokenize_count, so ids agree; new tokens found while
+ * tokenising get the next ids and are reported back for the dict.
+ *
+ * For an ASCII text, bm25.tokenize (lowercase, then the runs of re's \w) is: the runs of
+ * [A-Za-z0-9_], with A-Z lowered to a-z. Python's str.lower and \w agree with that on every ASCII
+ * character; the caller sends only texts for which str.isascii() holds. */
+
+typedef struct {
+    char *arena;        /* every token's bytes, back to back */
+    int64_t arena_len, arena_cap;
+    int64_t *at;        /* id -> offset in arena */
+    int32_t *len;       /* id -> length */
+    int64_t size, id_cap;
+    uint64_t *slots;    /* open addressing: (hash's top 32 bits) << 32 | (id + 1); 0 = empty */
+    uint64_t *hashes;   /* id -> hash */
+    int64_t n_slots;    /* a power of two */
+} vocab_t;
+
+static uint64_t hash_bytes(const char *s, int64_t n) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a, 64 bit */
+    for (int64_t i = 0; i < n; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ULL;
+    }
+    return h ^ (h >> 29);
+}
+
+void *ragspec_vocab_new(void) {
+    vocab_t *v = calloc(1, sizeof *v);
+    if (!v) return NULL;
+    v->n_slots = 1024;
+    v->slots = calloc(v->n_slots, sizeof *v->slots);
+    if (!v->slots) { free(v); return NULL; }
+    return v;
+}
+
+void ragspec_vocab_free(void *handle) {
+    vocab_t *v = handle;
+    if (!v) return;
+    free(v->arena); free(v->at); free(v->len); free(v->slots); free(v->hashes); free(v);
+}
+
+int64_t ragspec_vocab_size(void *handle) { return ((vocab_t *)handle)->size; }
+
+static int64_t find_token(const vocab_t *v, const char *s, int64_t n, uint64_t h) {
+    uint64_t mask = (uint64_t)v->n_slots - 1;
+    uint64_t tag = h >> 32;
+    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+        uint64_t slot = v->slots[i];
+        if (!slot) return -1 - (int64_t)i; /* absent: -1 - the empty slot */
+        if (slot >> 32 != tag) continue; /* the tag in the slot spares a look at the token */
+        int64_t id = (int64_t)(slot & 0xffffffffu) - 1;
+        if (v->len[id] == n && memcmp(v->arena + v->at[id], s, n) == 0) return id;
+    }
+}
+
+static int grow_slots(vocab_t *v) {
+    int64_t n_slots = v->n_slots * 2;
+    uint64_t *slots = calloc(n_slots, sizeof *slots);
+    if (!slots) return -1;
+    uint64_t mask = (uint64_t)n_slots - 1;
+    for (int64_t id = 0; id < v->size; id++) {
+        uint64_t i = v->hashes[id] & mask;
+        while (slots[i]) i = (i + 1) & mask;
+        slots[i] = (v->hashes[id] >> 32) << 32 | (uint64_t)(id + 1);
+    }
+    free(v->slots);
+    v->slots = slots;
+    v->n_slots = n_slots;
+    return 0;
+}
+
+/* Append token s (absent, hash h) with the next id; returns the id or -1 when out of memory. */
+static int64_t insert_token(vocab_t *v, const char *s, int64_t n, uint64_t h) {
+    if (2 * (v->size + 1) > v->n_slots && grow_slots(v)) return -1;
+    if (v->size == v->id_cap) {
+        int64_t cap = v->id_cap ? 2 * v->id_cap : 1024;
+        int64_t *at = realloc(v->at, cap * sizeof *at);
+        if (!at) return -1;
+        v->at = at;
+        int32_t *len = realloc(v->len, cap * sizeof *len);
+        if (!len) return -1;
+        v->len = len;
+        uint64_t *hashes = realloc(v->hashes, cap * sizeof *hashes);
+        if (!hashes) return -1;
+        v->hashes = hashes;
+        v->id_cap = cap;
+    }
+    if (v->arena_len + n > v->arena_cap) {
+        int64_t cap = v->arena_cap ? v->arena_cap : 65536;
+        while (cap < v->arena_len + n) cap *= 2;
+        char *arena = realloc(v->arena, cap);
+        if (!arena) return -1;
+        v->arena = arena;
+        v->arena_cap = cap;
+    }
+    memcpy(v->arena + v->arena_len, s, n);
+    int64_t id = v->size++;
+    v->at[id] = v->arena_len;
+    v->len[id] = (int32_t)n;
+    v->hashes[id] = h;
+    v->arena_len += n;
+    int64_t found = find_token(v, s, n, h); /* the empty slot for it (the table may have grown) */
+    v->slots[-1 - found] = (h >> 32) << 32 | (uint64_t)(id + 1);
+    return id;
+}
+
+/* Insert n tokens (token i = buf[starts[i]:starts[i+1]]) that the table lacks, with the next
+ * ids in order. Returns 0, -1 when out of memory, -2 when a token is already there. */
+int64_t ragspec_vocab_add(void *handle, const char *buf, const int64_t *starts, int64_t n) {
+    vocab_t *v = handle;
+    for (int64_t i = 0; i < n; i++) {
+        const char *s = buf + starts[i];
+        int64_t len = starts[i + 1] - starts[i];
+        uint64_t h = hash_bytes(s, len);
+        if (find_token(v, s, len, h) >= 0) return -2;
+        if (insert_token(v, s, len, h) < 0) return -1;
+    }
+    return 0;
+}
+
+static int compare_ids(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static inline int is_word(unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/* Tokenise and count n ASCII texts (text i = buf[ends[i-1]:ends[i]], ends[-1] = 0) as the rows
+ * rows_of[i]: per (text, distinct token) one posting (term id, row, count) into terms / rows /
+ * counts (capacity: the texts' tokens, at most (bytes + n) / 2), per text its token count
+ * (lengths) and distinct tokens (distinct). Tokens new to the table get the next ids; each is
+ * reported as its place in buf (new_at, new_len; as many as there can be tokens), *n_new of
+ * them. Returns the postings written, or -1 when out of memory (the table then holds some of
+ * the new tokens: the caller drops it and builds it again). */
+int64_t ragspec_tokenize_count(void *handle, const char *buf, const int64_t *ends, int64_t n,
+                               const int32_t *rows_of, int32_t *terms, int32_t *rows,
+                               int32_t *counts, int32_t *lengths, int32_t *distinct,
+                               int64_t *new_at, int64_t *new_len, int64_t *n_new) {
+    vocab_t *v = handle;
+    int64_t out = 0, fresh = 0, ids_cap = 256;
+    int32_t *ids = malloc(ids_cap * sizeof *ids);
+    char *word = malloc(256);
+    int64_t word_cap = 256;
+    if (!ids || !word) { free(ids); free(word); return -1; }
+    int64_t pos = 0;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t end = ends[t], held = 0;
+        while (pos < end) {
+            while (pos < end && !is_word((unsigned char)buf[pos])) pos++;
+            if (pos >= end) break;
+            int64_t start = pos;
+            while (pos < end && is_word((unsigned char)buf[pos])) pos++;
+            int64_t len = pos - start;
+            if (len > word_cap) {
+                char *bigger = realloc(word, len);
+                if (!bigger) { free(ids); free(word); return -1; }
+                word = bigger;
+                word_cap = len;
+            }
+            for (int64_t i = 0; i < len; i++) {
+                char c = buf[start + i];
+                word[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
+            }
+            uint64_t h = hash_bytes(word, len);
+            int64_t id = find_token(v, word, len, h);
+            if (id < 0) {
+                id = insert_token(v, word, len, h);
+                if (id < 0) { free(ids); free(word); return -1; }
+                new_at[fresh] = start;
+                new_len[fresh] = len;
+                fresh++;
+            }
+            if (held == ids_cap) {
+                int32_t *bigger = realloc(ids, 2 * ids_cap * sizeof *ids);
+                if (!bigger) { free(ids); free(word); return -1; }
+                ids = bigger;
+                ids_cap *= 2;
+            }
+            ids[held++] = (int32_t)id;
+        }
+        pos = end;
+        qsort(ids, held, sizeof *ids, compare_ids);
+        int64_t kinds = 0;
+        for (int64_t i = 0; i < held;) {
+            int64_t j = i + 1;
+            while (j < held && ids[j] == ids[i]) j++;
+            terms[out] = ids[i];
+            rows[out] = rows_of[t];
+            counts[out] = (int32_t)(j - i);
+            out++;
+            kinds++;
+            i = j;
+        }
+        lengths[t] = (int32_t)held;
+        distinct[t] = (int32_t)kinds;
+    }
+    free(ids);
+    free(word);
+    *n_new = fresh;
+    return out;
+}

@@ -36,6 +36,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,28 @@ class Native:
         self._scratch: tuple[np.ndarray, np.ndarray] | None = None
         self._scratch_lock = threading.Lock()
         self.visited = 0  # postings the last search read (for tests and benchmarks)
+        self._vocab_new = library.ragspec_vocab_new
+        self._vocab_new.restype = p
+        self._vocab_new.argtypes = []
+        self._vocab_free = library.ragspec_vocab_free
+        self._vocab_free.restype = None
+        self._vocab_free.argtypes = [p]
+        self._vocab_size = library.ragspec_vocab_size
+        self._vocab_size.restype = i64
+        self._vocab_size.argtypes = [p]
+        self._vocab_add = library.ragspec_vocab_add
+        self._vocab_add.restype = i64
+        self._vocab_add.argtypes = [p, p, p, i64]
+        self._tokenize_count = library.ragspec_tokenize_count
+        self._tokenize_count.restype = i64
+        self._tokenize_count.argtypes = [p, p, p, i64, p, p, p, p, p, p, p, p, p]
+
+    def vocabulary(self) -> Vocabulary:
+        """An empty C vocabulary, for `count` (bm25.BM25Index keeps one beside its dict)."""
+        handle = self._vocab_new()
+        if not handle:
+            raise MemoryError("the keyword tokenizer ran out of memory")
+        return Vocabulary(self, handle)
 
     def top(self, segments: Sequence[Segment], scales: Sequence[float],
             bests: Sequence[np.ndarray], terms: Sequence[int], n: int, norms: np.ndarray,
@@ -159,6 +182,77 @@ class Native:
             if got < -(2 ** 62):
                 raise MemoryError("the keyword scorer ran out of memory")
             cap = -got
+
+
+@dataclass
+class Counted:
+    """What `Vocabulary.count` found: postings (term id, row, count; one per text and distinct
+    token), per text its token count and distinct tokens, and the tokens new to the vocabulary
+    in the order they got their ids."""
+
+    terms: np.ndarray
+    rows: np.ndarray
+    counts: np.ndarray
+    lengths: np.ndarray
+    distinct: np.ndarray
+    new_tokens: list[str]
+
+
+class Vocabulary:
+    """Token -> id in C, mirroring a Python dict whose ids are 0, 1, 2, ... in insertion order:
+    `sync(tokens)` adds the tokens of the id-ordered list it lacks; `count(texts, rows)`
+    tokenises and counts ASCII texts as bm25.tokenize does (bm25_native.c) and gives new tokens
+    the next ids. One writer at a time (BM25Index is not thread-safe for writes either)."""
+
+    def __init__(self, native: Native, handle: int) -> None:
+        self._native, self._handle = native, handle
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None):
+            self._native._vocab_free(self._handle)
+            self._handle = None
+
+    def __len__(self) -> int:
+        return int(self._native._vocab_size(self._handle))
+
+    def sync(self, tokens: Sequence[str]) -> None:
+        have = len(self)
+        if have >= len(tokens):
+            return
+        encoded = [t.encode("utf-8") for t in tokens[have:]]
+        starts = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)),
+                  out=starts[1:])
+        buf = b"".join(encoded)
+        got = self._native._vocab_add(self._handle, buf, starts.ctypes.data, len(encoded))
+        if got == -1:
+            raise MemoryError("the keyword tokenizer ran out of memory")
+        if got == -2:
+            raise ValueError("the vocabulary repeats a token")
+
+    def count(self, texts: Sequence[str], rows: np.ndarray) -> Counted:
+        """`texts` must all be ASCII (str.isascii()); text i is row rows[i]."""
+        n = len(texts)
+        buf = "".join(texts).encode("ascii")
+        ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=n))
+        rows_of = np.ascontiguousarray(rows, dtype=np.int32)
+        cap = (len(buf) + n) // 2 + 1  # a token takes a character and a gap
+        terms, out_rows, counts = (np.empty(cap, dtype=np.int32) for _ in range(3))
+        lengths, distinct = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
+        new_at, new_len = np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64)
+        n_new = np.zeros(1, dtype=np.int64)
+        got = int(self._native._tokenize_count(
+            self._handle, buf, ends.ctypes.data, n, rows_of.ctypes.data, terms.ctypes.data,
+            out_rows.ctypes.data, counts.ctypes.data, lengths.ctypes.data, distinct.ctypes.data,
+            new_at.ctypes.data, new_len.ctypes.data, n_new.ctypes.data))
+        if got < 0:
+            raise MemoryError("the keyword tokenizer ran out of memory")
+        fresh = int(n_new[0])
+        new_tokens = [buf[a : a + b].decode("ascii").lower()
+                      for a, b in zip(new_at[:fresh].tolist(), new_len[:fresh].tolist(),
+                                      strict=True)]
+        return Counted(terms[:got], out_rows[:got], counts[:got], lengths, distinct,
+                       new_tokens)
 
 
 def _build() -> Native | None:

@@ -42,10 +42,14 @@ class Segment:
     rows: np.ndarray  # int32
     counts: np.ndarray  # int32
     _bounds: tuple[float, np.ndarray] | None = field(default=None, repr=False)
+    _top_row: int | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, terms: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> Segment:
-        order = np.lexsort((rows, terms))
+        # One sort of (term, row) packed in an int64 (both are non-negative int32 values): the
+        # order lexsort gives, faster. A (term, row) pair is never there twice (each row's
+        # postings come from one place), so the sort need not be stable.
+        order = np.argsort(terms.astype(np.int64) << 32 | rows.astype(np.int64))
         terms, rows, counts = terms[order], rows[order], counts[order]
         unique, first = np.unique(terms, return_index=True)
         starts = np.append(first, len(terms)).astype(np.int64)
@@ -64,6 +68,12 @@ class Segment:
             return None
         lo, hi = self.starts[i], self.starts[i + 1]
         return self.rows[lo:hi], self.counts[lo:hi]
+
+    def top_row(self) -> int:
+        """The largest row it holds (-1 when empty)."""
+        if self._top_row is None:
+            self._top_row = int(self.rows.max()) if len(self.rows) else -1
+        return self._top_row
 
     def flat_terms(self) -> np.ndarray:
         return np.repeat(self.terms, np.diff(self.starts))

@@ -3,15 +3,18 @@
 
 Contract: `to_lc(p)` and `from_lc(doc)` are inverses for every `Passage`; `new_faiss(index,
 embedder)` searches by exact inner product (the vectors are normalised: cosine similarity) and
-never embeds by itself unless given an embedder (searches pass vectors). `GpuView` keeps a GPU
+never embeds by itself unless given an embedder (searches pass vectors); `add_rows` appends
+passages and their vectors in time proportional to what is added. `GpuView` keeps a GPU
 copy of a store for searching, when there is a GPU to use.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import faiss
+import numpy as np
 from langchain_community.docstore.in_memory import InMemoryDocstore
 from langchain_community.vectorstores import FAISS
 from langchain_community.vectorstores.utils import DistanceStrategy
@@ -45,6 +48,20 @@ def new_faiss(index: faiss.Index, embedder) -> FAISS:
         index_to_docstore_id={},
         distance_strategy=DistanceStrategy.MAX_INNER_PRODUCT,
     )
+
+
+def add_rows(lc: FAISS, passages: Sequence[Passage], vectors: np.ndarray) -> None:
+    """Append `passages` with their vectors (row i for passages[i]) to the store: what
+    `FAISS.add_embeddings` does, without its InMemoryDocstore.add, which checks and copies the
+    whole docstore on every call (O(passages stored) per document: quadratic over an ingest)."""
+    docs = {p.id: to_lc(p) for p in passages}
+    held = lc.docstore._dict  # the docstore's own dict (LangChain keeps no other index of it)
+    if len(docs) != len(passages) or any(pid in held for pid in docs):
+        raise ValueError("a passage id is already in the store")
+    first = lc.index.ntotal
+    lc.index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    held.update(docs)
+    lc.index_to_docstore_id.update(zip(range(first, first + len(docs)), docs, strict=True))
 
 
 def to_lc(p: Passage) -> Document:

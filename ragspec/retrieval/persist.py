@@ -10,6 +10,15 @@ Layout of an index directory:
                   bm25.py). Derived data: when it is absent (an index written before it
                   existed), or is not the one the header names, `Snapshot.keywords` is None and
                   the store rebuilds it from the passage texts.
+  append.json     (optional) the commit record of the appending commits made on top of that
+                  base: the base's commit id, this commit's id, and per appending commit its
+                  extents (offset, length, sha256) in the three append files below, with its
+                  document and passage counts.
+  append.f32      the appended passages' vectors, float32 rows, in row order after the base's;
+  append.jsonl    their document and passage lines (each document's line before its passages);
+  append.keywords their keyword index, one .npz (bm25.py `rows_bytes`) per appending commit.
+                  Bytes past the extents append.json names are garbage (a commit in progress or
+                  a crashed one) and are cut off by the next appending commit.
   .write.lock     the writers' lock (see store.py); its presence means nothing by itself.
 
 Commit protocol (one writer at a time, under the lock):
@@ -24,6 +33,19 @@ matches it, so readers use that and the next writer completes the rename ("roll 
 Either way a reader sees one complete index, old or new, never a mix. A crash after the first
 rename leaves a keywords.npz the live header does not name: it is ignored (and rebuilt).
 
+Appending commit (`append_snapshot`, one writer, under the lock; the base stays untouched):
+  1. cut each append file back to the end of the extents the live append.json names (nothing
+     past it is committed), write the new extents after it, fsync;
+  2. write append.json.new completely, fsync, rename it to append.json, fsync the directory.
+A crash before the rename of step 2 leaves the old append.json naming the old extents: the
+bytes after them are ignored. Its rename is the commit. A full commit (the protocol above)
+removes the append files after its renames; an append.json whose base is not the live
+passages.jsonl's commit is stale (a full commit happened after it) and is ignored and removed.
+Readers read append.json before the base: if a full commit lands in between, the record they
+hold names the old base and is ignored, so they read the new base, never an older state.
+Version 2 headers (this one) may have appends; a ragspec that reads only version 1 refuses them
+rather than reading the base without its appends.
+
 Anything else that does not check out (truncated file, edited line, hash mismatch) raises
 IndexCorruptError telling the user how to rebuild; nothing here crashes inside FAISS.
 """
@@ -36,7 +58,7 @@ import os
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faiss
@@ -46,7 +68,14 @@ from ragspec.fileio import fsync_dir, write_durably
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError
 
 FORMAT = "ragspec-passages"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)  # version 1: the same base, written before appends existed
+APPEND_FORMAT = "ragspec-append"
+APPEND_NAME = "append.json"
+APPEND_VECTORS = "append.f32"
+APPEND_LINES = "append.jsonl"
+APPEND_KEYWORDS = "append.keywords"
+APPEND_FILES = (APPEND_VECTORS, APPEND_LINES, APPEND_KEYWORDS)
 FAISS_NAME = "index.faiss"
 PASSAGES_NAME = "passages.jsonl"
 KEYWORDS_NAME = "keywords.npz"
@@ -65,6 +94,8 @@ class Snapshot:
     documents: dicts with doc_id, source, sha256, size_bytes, ingested_at.
     passages: dicts with id, doc_id, page, start, text; row i of `index` embeds passages[i].
     keywords: the bytes of keywords.npz when the commit names it and it matches, else None.
+    log: the appending commits on top of the base (`AppendLog`); documents, passages and index
+        include them. keyword_parts: per appending commit its keyword .npz and passage count.
     """
 
     embedder: str
@@ -74,6 +105,27 @@ class Snapshot:
     index: faiss.Index
     commit: str
     keywords: bytes | None = None
+    log: AppendLog | None = None
+    keyword_parts: list[tuple[bytes, int]] = field(default_factory=list)
+
+
+@dataclass
+class AppendLog:
+    """What append.json names: the base commit it extends, its own commit id, and per
+    appending commit a dict of extents ("vectors", "lines", "keywords": [offset, length,
+    sha256]) and counts ("documents", "passages")."""
+
+    base: str
+    commit: str
+    extents: list[dict]
+
+    @property
+    def passages(self) -> int:
+        return sum(e["passages"] for e in self.extents)
+
+    def end(self, part: str) -> int:
+        """The committed length of append file `part`'s data ("vectors", "lines", ...)."""
+        return max((e[part][0] + e[part][1] for e in self.extents), default=0)
 
 
 def rebuild_hint(directory: Path) -> str:
@@ -153,7 +205,77 @@ def write_snapshot(
     os.replace(faiss_new, directory / FAISS_NAME)
     os.replace(passages_new, directory / PASSAGES_NAME)
     fsync_dir(directory)
+    _drop_appends(directory)  # stale now: they name the old base
     return commit
+
+
+def _drop_appends(directory: Path) -> None:
+    (directory / APPEND_NAME).unlink(missing_ok=True)  # first: the record, then its data
+    for name in (*APPEND_FILES, APPEND_NAME + PENDING_SUFFIX):
+        (directory / name).unlink(missing_ok=True)
+
+
+_PARTS = {"vectors": APPEND_VECTORS, "lines": APPEND_LINES, "keywords": APPEND_KEYWORDS}
+
+
+def append_snapshot(
+    directory: Path, log: AppendLog | None, base: str, documents: list[dict],
+    passages: list[dict], vectors: np.ndarray, keywords: bytes,
+) -> AppendLog:
+    """Commit `documents` and `passages` (new, none replacing a stored one) with their vectors
+    (row i for passages[i]) and keyword index on top of the committed index whose base commit
+    is `base` and whose appends are `log` (None: none yet); caller holds the write lock.
+    Returns the new log (its `commit` is the commit id)."""
+    if len(vectors) != len(passages) or not passages:
+        raise AssertionError(f"{len(vectors)} vectors for {len(passages)} passages")
+    if log is not None and log.base != base:
+        raise AssertionError("the append log extends another base")
+    extents = list(log.extents) if log is not None else []
+    current = AppendLog(base, "", extents)
+    data = {
+        "vectors": np.ascontiguousarray(vectors, dtype=np.float32).tobytes(),
+        "lines": "".join([_line({"type": "document", **doc}) for doc in documents]
+                         + [_line({"type": "passage", **p}) for p in passages]).encode("utf-8"),
+        "keywords": keywords,
+    }
+    extent: dict = {"documents": len(documents), "passages": len(passages)}
+    pending = directory / (APPEND_NAME + PENDING_SUFFIX)
+    try:
+        for part, payload in data.items():
+            path = directory / _PARTS[part]
+            start = current.end(part)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o666)
+            with os.fdopen(fd, "r+b") as f:
+                f.truncate(start)  # past the committed extents: an unfinished commit's bytes
+                f.seek(start)
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            extent[part] = [start, len(payload), _sha256(payload)]
+        new = AppendLog(base, uuid.uuid4().hex, extents + [extent])
+        record = {"format": APPEND_FORMAT, "version": VERSION, "base": base,
+                  "commit": new.commit, "extents": new.extents}
+        write_durably(pending, _line(record).encode("utf-8"))
+        os.replace(pending, directory / APPEND_NAME)
+    except BaseException:
+        _cut_back(directory, current)  # tidy up; a kill leaves this to the next writer
+        raise
+    fsync_dir(directory)
+    return new
+
+
+def _cut_back(directory: Path, log: AppendLog) -> None:
+    """Best effort: the append files back to what `log` (the live record) names."""
+    (directory / (APPEND_NAME + PENDING_SUFFIX)).unlink(missing_ok=True)
+    for part, name in _PARTS.items():
+        path, end = directory / name, log.end(part)
+        try:
+            if end == 0 and not log.extents:
+                path.unlink(missing_ok=True)
+            elif path.exists():
+                os.truncate(path, end)
+        except OSError:
+            pass
 
 
 def _line(obj: dict) -> str:
@@ -172,8 +294,12 @@ def recover(directory: Path) -> None:
             if live is None or live.get("faiss_sha256") != header["faiss_sha256"]:
                 os.replace(pending, directory / PASSAGES_NAME)
                 fsync_dir(directory)
-    for name in (FAISS_NAME, PASSAGES_NAME, KEYWORDS_NAME):
+    for name in (FAISS_NAME, PASSAGES_NAME, KEYWORDS_NAME, APPEND_NAME):
         (directory / (name + PENDING_SUFFIX)).unlink(missing_ok=True)
+    live = _read_header(directory / PASSAGES_NAME)
+    log = _read_log(directory / APPEND_NAME)
+    if log is None or live is None or log.get("base") != live.get("commit"):
+        _drop_appends(directory)  # no record, or a stale one: the files hold nothing committed
 
 
 def _read_header(path: Path) -> dict | None:
@@ -185,10 +311,20 @@ def _read_header(path: Path) -> dict | None:
     return header if isinstance(header, dict) else None
 
 
+def _read_log(path: Path) -> dict | None:
+    header = _read_header(path)
+    return header if header is not None and header.get("format") == APPEND_FORMAT else None
+
+
 def current_commit(directory: Path) -> str | None:
-    """The commit id of what is on disk now (cheap: reads one line), None if no index."""
+    """The commit id of what is on disk now (cheap: reads two lines), None if no index."""
+    log = _read_log(directory / APPEND_NAME)
     header = _read_header(directory / PASSAGES_NAME)
-    return header.get("commit") if header else None
+    if not header:
+        return None
+    if log is not None and log.get("base") == header.get("commit"):
+        return log.get("commit")
+    return header.get("commit")
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -211,6 +347,67 @@ class _Mismatch(Exception):
 
 
 def _read_once(directory: Path) -> Snapshot | None:
+    # The append record first: see the module docstring (a full commit landing meanwhile).
+    try:
+        log_raw = (directory / APPEND_NAME).read_bytes()
+    except FileNotFoundError:
+        log_raw = None
+    except OSError as exc:
+        raise _corrupt(directory, f"cannot read {APPEND_NAME} ({exc})") from exc
+    snapshot = _read_base(directory)
+    if snapshot is None or log_raw is None:
+        return snapshot
+    try:
+        record = json.loads(log_raw)
+    except ValueError:
+        raise _Mismatch(f"{APPEND_NAME} is not JSON") from None
+    if not isinstance(record, dict) or record.get("base") != snapshot.commit:
+        return snapshot  # stale: a full commit replaced the base it extends
+    return _apply_log(directory, snapshot, record)
+
+
+def _apply_log(directory: Path, snapshot: Snapshot, record: dict) -> Snapshot:
+    """The base snapshot with the appending commits `record` names applied."""
+    try:
+        log = AppendLog(record["base"], record["commit"], list(record["extents"]))
+        parts = {part: (directory / name).read_bytes() for part, name in _PARTS.items()}
+    except (KeyError, TypeError) as exc:
+        raise _corrupt(directory, f"{APPEND_NAME} is not an append record ({exc})") from exc
+    except OSError as exc:
+        raise _Mismatch(f"cannot read the append files ({exc})") from exc
+    documents, passages = list(snapshot.documents), list(snapshot.passages)
+    vectors, keyword_parts = [], []
+    for number, extent in enumerate(log.extents, start=1):
+        pieces = {}
+        for part in _PARTS:
+            try:
+                start, length, digest = extent[part]
+                piece = parts[part][start : start + length]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise _corrupt(directory, f"{APPEND_NAME} extent {number} is malformed") from exc
+            if len(piece) != length or _sha256(piece) != digest:
+                raise _Mismatch(f"{_PARTS[part]} does not hold what {APPEND_NAME} names "
+                                f"(appending commit {number}: truncated or edited)")
+            pieces[part] = piece
+        docs, rows = _parse_lines(directory, APPEND_LINES, pieces["lines"])
+        if len(docs) != extent.get("documents") or len(rows) != extent.get("passages"):
+            raise _corrupt(directory, f"{APPEND_LINES} does not hold the counts "
+                                      f"{APPEND_NAME} announces")
+        if len(pieces["vectors"]) != 4 * snapshot.dim * len(rows):
+            raise _corrupt(directory, f"{APPEND_VECTORS} holds the wrong number of vectors")
+        documents += docs
+        passages += rows
+        vectors.append(np.frombuffer(pieces["vectors"], dtype=np.float32))
+        keyword_parts.append((pieces["keywords"], len(rows)))
+    _check_ids(directory, APPEND_LINES, documents, passages)
+    if vectors:
+        snapshot.index.add(np.concatenate(vectors).reshape(-1, snapshot.dim))
+    snapshot.documents, snapshot.passages = documents, passages
+    snapshot.commit, snapshot.log, snapshot.keyword_parts = log.commit, log, keyword_parts
+    return snapshot
+
+
+def _read_base(directory: Path) -> Snapshot | None:
     faiss_path = directory / FAISS_NAME
     passages_path = directory / PASSAGES_NAME
     pending_path = directory / (PASSAGES_NAME + PENDING_SUFFIX)
@@ -252,6 +449,7 @@ def _read_once(directory: Path) -> Snapshot | None:
     return Snapshot(
         embedder=header["embedder"], dim=header["dim"], documents=documents, passages=passages,
         index=index, commit=header["commit"], keywords=_read_keywords(directory, header),
+        log=AppendLog(header["commit"], header["commit"], []),
     )
 
 
@@ -303,7 +501,7 @@ def _parse_record(directory: Path, path: Path):
         header = None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise _corrupt(directory, f"{name} does not start with a ragspec header line")
-    if header.get("version") != VERSION:
+    if header.get("version") not in READ_VERSIONS:
         raise _corrupt(
             directory, f"{name} has format version {header.get('version')!r}; this ragspec "
             f"reads version {VERSION}"
@@ -313,6 +511,15 @@ def _parse_record(directory: Path, path: Path):
         raise _corrupt(
             directory, f"{name} was truncated or edited by hand (its checksum does not match)"
         )
+    documents, passages = _parse_lines(directory, name, body)
+    if len(documents) != header["documents"] or len(passages) != header["passages"]:
+        raise _corrupt(directory, f"{name} does not hold the counts its header announces")
+    _check_ids(directory, name, documents, passages)
+    return header, documents, passages
+
+
+def _parse_lines(directory: Path, name: str, body: bytes) -> tuple[list[dict], list[dict]]:
+    """The document and passage lines of `body`, each checked."""
     documents: list[dict] = []
     passages: list[dict] = []
     try:
@@ -329,14 +536,15 @@ def _parse_record(directory: Path, path: Path):
             passages.append(obj)
         else:
             raise _corrupt(directory, f"{name} line {number} is neither a document nor a passage")
-    if len(documents) != header["documents"] or len(passages) != header["passages"]:
-        raise _corrupt(directory, f"{name} does not hold the counts its header announces")
+    return documents, passages
+
+
+def _check_ids(directory: Path, name: str, documents: list[dict], passages: list[dict]) -> None:
     doc_ids = {doc["doc_id"] for doc in documents}
     if len(doc_ids) != len(documents) or len({p["id"] for p in passages}) != len(passages):
         raise _corrupt(directory, f"{name} repeats a document or passage id")
     if any(p["doc_id"] not in doc_ids for p in passages):
         raise _corrupt(directory, f"{name} has passages of a document it does not list")
-    return header, documents, passages
 
 
 def _check_fields(directory: Path, name: str, where: str, obj: dict, types: dict) -> None:

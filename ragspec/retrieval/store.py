@@ -7,8 +7,14 @@ protocol, provenance), with this backend's specifics:
     until the first change. Loading never unpickles: the LangChain `FAISS` store is rebuilt from
     index.faiss and passages.jsonl.
   * Keywords: our BM25 (bm25.py), kept in keywords.npz and committed with the vectors.
-  * The write lock is `.write.lock` in the folder (retrieval/lock.py); a commit rewrites the
-    folder's three files beside the old ones and renames them into place.
+  * The write lock is `.write.lock` in the folder (retrieval/lock.py). A commit that only adds
+    documents appends them (persist.append_snapshot: the new vectors, lines and keyword
+    postings after the committed ones, then a small record renamed into place), so a commit
+    costs what it adds, not the whole index. A commit that removes or replaces a document, or
+    after which the appended passages would outnumber APPEND_RATIO times the base's (and
+    COMPACT_MIN), rewrites the folder's three files beside the old ones and renames them into
+    place: the appends are folded in, and the total rewriting stays proportional to the index's
+    size.
   * Dense search is exact (the flat index) below faiss_ann.THRESHOLD passages (50,000) and
     approximate past it (faiss_ann.py: IVF candidates, exact cosines; RAGSPEC_DENSE=exact
     keeps it exact). With a GPU build of faiss and a visible GPU, searches run exactly on a GPU
@@ -30,7 +36,14 @@ from ragspec.retrieval import persist
 from ragspec.retrieval.bm25 import BM25Index
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError
 from ragspec.retrieval.faiss_ann import ApproxIndex, wanted
-from ragspec.retrieval.faiss_store import GpuView, from_lc, gpu_available, new_faiss, to_lc
+from ragspec.retrieval.faiss_store import (
+    GpuView,
+    add_rows,
+    from_lc,
+    gpu_available,
+    new_faiss,
+    to_lc,
+)
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
 from ragspec.retrieval.records import SEARCH_MODES, DocumentInfo, Hit, Passage, SearchResult
 from ragspec.retrieval.store_base import (
@@ -41,12 +54,22 @@ from ragspec.retrieval.store_base import (
     doc_id_for,
 )
 
+# Appending commits go on while the appended passages are at most APPEND_RATIO times the base's
+# count, or COMPACT_MIN: full commits come at geometrically growing sizes, so all of them
+# together rewrite O(final size) passages.
+APPEND_RATIO = 4
+COMPACT_MIN = 50_000
+
 __all__ = ["PassageStore", "PassageEmbedder", "Passage", "Hit", "DocumentInfo", "SearchResult",
            "SEARCH_MODES", "DEFAULT_LOCK_TIMEOUT", "HYBRID_DEPTH", "doc_id_for"]
 
 
 class PassageStore(StoreBase):
     """See the module docstring. Create with `PassageStore.open`."""
+
+    # False: every commit rewrites the folder (the reference the appending path is tested
+    # against, and the full protocol's own tests).
+    appending = True
 
     def __init__(
         self, index_dir: Path, embedder: PassageEmbedder | None, lock_timeout: float,
@@ -84,6 +107,7 @@ class PassageStore(StoreBase):
         snapshot = persist.read_snapshot(self.index_dir)
         self._gpu.reset()
         self._dirty = False
+        self._fresh, self._rewrite = [], False
         if snapshot is None:
             self._commit = None
             self._model_name = getattr(self.embedder, "name", None)
@@ -116,8 +140,12 @@ class PassageStore(StoreBase):
         self._lc.docstore.add({doc.id: doc for doc in lc_docs})
         self._lc.index_to_docstore_id.update({i: doc.id for i, doc in enumerate(lc_docs)})
         self._keywords = BM25Index.restore(
-            snapshot.keywords, [(p["id"], p["text"]) for p in snapshot.passages])
+            snapshot.keywords, [(p["id"], p["text"]) for p in snapshot.passages],
+            snapshot.keyword_parts)
+        self._rewrite = self._keywords.rebuilt  # the next commit saves the keywords whole
         self._rows = None
+        self._log = snapshot.log
+        self._base_passages = len(snapshot.passages) - snapshot.log.passages
 
     def _forget(self) -> None:
         self._approx.invalidate()
@@ -125,6 +153,10 @@ class PassageStore(StoreBase):
         self._keywords = BM25Index()
         self._rows: dict[str, int] | None = None
         self._gpu.reset()
+        self._log: persist.AppendLog | None = None  # None: the next commit writes in full
+        self._base_passages = 0
+        self._fresh: list[tuple[DocumentInfo, list[Passage], np.ndarray]] = []  # since saving
+        self._rewrite = False  # a document was removed since saving: append cannot say it
 
     def _rebuild_hint(self) -> str:
         return persist.rebuild_hint(self.index_dir)
@@ -181,15 +213,35 @@ class PassageStore(StoreBase):
         return persist.current_commit(self.index_dir)
 
     def _save(self) -> None:
-        documents = [
-            {"doc_id": d.doc_id, "source": d.source, "sha256": d.sha256,
-             "size_bytes": d.size_bytes, "ingested_at": d.ingested_at}
-            for d in self._documents.values()
-        ]
-        passages = [
-            {"id": p.id, "doc_id": p.doc_id, "page": p.page, "start": p.start, "text": p.text}
-            for p in self.passages()
-        ]
+        added = sum(len(passages) for _, passages, _ in self._fresh)
+        try:
+            if (self.appending and self._log is not None and self._fresh and not self._rewrite
+                    and self._log.passages + added <= max(APPEND_RATIO * self._base_passages,
+                                                          COMPACT_MIN)):
+                self._append()
+            else:
+                self._save_all()
+        finally:
+            self._fresh, self._rewrite = [], False
+
+    def _append(self) -> None:
+        documents = [_document(info) for info, _, _ in self._fresh]
+        passages = [_passage(p) for _, rows, _ in self._fresh for p in rows]
+        vectors = np.concatenate([v for _, _, v in self._fresh])
+        keywords = self._keywords.rows_bytes([p["id"] for p in passages])
+        try:
+            self._log = persist.append_snapshot(self.index_dir, self._log, self._log.base,
+                                                documents, passages, vectors, keywords)
+        except OSError as exc:
+            raise IndexNotWritableError(
+                f"Could not save the index in {self.index_dir} ({exc}); the previous index is "
+                "unchanged. Check free disk space and permissions."
+            ) from exc
+        self._commit = self._log.commit
+
+    def _save_all(self) -> None:
+        documents = [_document(d) for d in self._documents.values()]
+        passages = [_passage(p) for p in self.passages()]
         index = self._lc.index if self._lc is not None else faiss.IndexFlatIP(self._dim_or_zero())
         keywords = self._keywords.to_bytes([p["id"] for p in passages])
         try:
@@ -197,6 +249,8 @@ class PassageStore(StoreBase):
                 self.index_dir, self._model_name or "", index.d, documents, passages, index,
                 keywords,
             )
+            self._log = persist.AppendLog(self._commit, self._commit, [])
+            self._base_passages = len(passages)
         except OSError as exc:
             raise IndexNotWritableError(
                 f"Could not save the index in {self.index_dir} ({exc}); the previous index is "
@@ -209,12 +263,9 @@ class PassageStore(StoreBase):
     def _insert(self, info: DocumentInfo, passages: list[Passage], vectors) -> None:
         if self._lc is None:
             self._lc = new_faiss(faiss.IndexFlatIP(vectors.shape[1]), self.embedder)
-        self._lc.add_embeddings(
-            list(zip([p.text for p in passages], vectors, strict=True)),
-            metadatas=[to_lc(p).metadata for p in passages],
-            ids=[p.id for p in passages],
-        )
+        add_rows(self._lc, passages, vectors)
         self._keywords.add_many([(p.id, p.text) for p in passages])
+        self._fresh.append((info, passages, vectors))
         self._changed()
 
     def _delete(self, doc_id: str) -> None:
@@ -224,11 +275,21 @@ class PassageStore(StoreBase):
         for pid in ids:
             self._keywords.remove(pid)
         self._approx.invalidate()  # the flat index renumbered the rows after the deleted ones
+        self._rewrite = True
         self._changed()
 
     def _changed(self) -> None:
         self._gpu.reset()
         self._rows = None
+
+
+def _document(d: DocumentInfo) -> dict:
+    return {"doc_id": d.doc_id, "source": d.source, "sha256": d.sha256,
+            "size_bytes": d.size_bytes, "ingested_at": d.ingested_at}
+
+
+def _passage(p: Passage) -> dict:
+    return {"id": p.id, "doc_id": p.doc_id, "page": p.page, "start": p.start, "text": p.text}
 
 
 def _fields(p: dict) -> dict:
