@@ -19,6 +19,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define RS_AVX2 1
+#if defined(__AVX512F__)
+#define RS_AVX512 1  // 16-lane forms of the key dot products and the weighted sum of values
+#endif
 #endif
 
 namespace rs {
@@ -90,10 +93,25 @@ static inline float dot(const float* a, const float* b, int64_t d) {
 // is reduced by the same tree (lane pairs in the same order), whichever block it is in.
 static inline __m256 dot8(const float* q, const float* k, int64_t stride, int64_t d) {
   __m256 acc[8];
-  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < d; c += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + c);
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * stride + c), acc[i]);
+#ifdef RS_AVX512
+  if (d % 16 == 0) {  // 16 lanes a key, folded to 8 (the same fold for every key)
+    __m512 wide[8];
+    for (int i = 0; i < 8; ++i) wide[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + c);
+      for (int i = 0; i < 8; ++i) wide[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + i * stride + c), wide[i]);
+    }
+    for (int i = 0; i < 8; ++i)
+      acc[i] = _mm256_add_ps(_mm512_castps512_ps256(wide[i]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wide[i]), 1)));
+  } else
+#endif
+  {
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + c);
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * stride + c), acc[i]);
+    }
   }
   const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
   const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
@@ -145,6 +163,31 @@ void attend_row(const float* q, const float* k, const float* v, int64_t kstride,
   }
   const float inv = 1.0f / total;
   int64_t c = 0;
+#ifdef RS_AVX512
+  // Σ_j p_j v_j, 128 dimensions at a time held in registers (then 64), keys in order
+  for (; c + 128 <= d; c += 128) {
+    __m512 o[8];
+    for (int i = 0; i < 8; ++i) o[i] = _mm512_setzero_ps();
+    for (j = 0; j < n; ++j) {
+      const __m512 p = _mm512_set1_ps(s[j]);
+      const float* vj = v + (lo + j) * vstride + c;
+      for (int i = 0; i < 8; ++i) o[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * i), o[i]);
+    }
+    const __m512 vi = _mm512_set1_ps(inv);
+    for (int i = 0; i < 8; ++i) _mm512_storeu_ps(out + c + 16 * i, _mm512_mul_ps(o[i], vi));
+  }
+  for (; c + 64 <= d; c += 64) {
+    __m512 o[4];
+    for (int i = 0; i < 4; ++i) o[i] = _mm512_setzero_ps();
+    for (j = 0; j < n; ++j) {
+      const __m512 p = _mm512_set1_ps(s[j]);
+      const float* vj = v + (lo + j) * vstride + c;
+      for (int i = 0; i < 4; ++i) o[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * i), o[i]);
+    }
+    const __m512 vi = _mm512_set1_ps(inv);
+    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(out + c + 16 * i, _mm512_mul_ps(o[i], vi));
+  }
+#endif
 #ifdef RS_AVX2
   // Σ_j p_j v_j, 64 dimensions at a time held in registers, keys in order
   for (; c + 64 <= d; c += 64) {
