@@ -60,11 +60,4 @@ void attend_row(const float* q, const float* k, const float* v, int64_t kstride,
                 int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
                 std::vector<float>& scratch);
 
-// R rows of one head against keys from the same lo (row r: lo..hi[r], query q[r], out[r]),
-// each row's result bit-identical to attend_row's on it alone; the rows share the reads of
-// keys and values. `scratch`: R vectors.
-void attend_rows(int R, const float* const* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
-                 int64_t lo, const int64_t* hi, int64_t d, float scale, float softcap, float* const* out,
-                 std::vector<float>* scratch);
-
 }  // namespace rs

@@ -348,26 +348,13 @@ class StepModel : public torch::CustomClassHolder {
               float* out) {
     const auto t0 = Clock::now();
     const int64_t group = heads_ / kv_heads_, T = int64_t(block.size());
-    // tasks: a head and up to 4 consecutive rows of one block (they share its key reads)
-    constexpr int64_t kRows = 4;
-    std::vector<int64_t> first;  // the row each row group starts at
-    for (int64_t r = 0; r < T; ++r)
-      if (first.empty() || r - first.back() == kRows || block[r] != block[first.back()]) first.push_back(r);
-    const int64_t groups = int64_t(first.size());
-    first.push_back(T);
-    at::parallel_for(0, heads_ * groups, 1, [&](int64_t b, int64_t e) {
-      std::vector<float> scratch[kRows];
-      const float* qs[kRows];
-      float* outs[kRows];
+    at::parallel_for(0, heads_ * T, 1, [&](int64_t b, int64_t e) {
+      std::vector<float> scratch;
       for (int64_t task = b; task < e; ++task) {
-        const int64_t hh = task / groups, r0 = first[task % groups], R = first[task % groups + 1] - r0;
-        const int64_t g = hh / group, s = block[r0], cap = caps[s];
-        for (int64_t r = 0; r < R; ++r) {
-          qs[r] = q + ((r0 + r) * heads_ + hh) * head_dim_;
-          outs[r] = out + ((r0 + r) * heads_ + hh) * head_dim_;
-        }
-        attend_rows(int(R), qs, kb[s] + g * cap * head_dim_, vb[s] + g * cap * head_dim_, head_dim_, head_dim_, 0,
-                    pos.data() + r0, head_dim_, scale_, 0.0f, outs, scratch);
+        const int64_t hh = task / T, r = task % T, g = hh / group, s = block[r], cap = caps[s];
+        attend_row(q + (r * heads_ + hh) * head_dim_, kb[s] + g * cap * head_dim_, vb[s] + g * cap * head_dim_,
+                   head_dim_, head_dim_, 0, pos[r], head_dim_, scale_, 0.0f, out + (r * heads_ + hh) * head_dim_,
+                   scratch);
       }
     });
     attend_ns_ += since(t0);
