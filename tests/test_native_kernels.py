@@ -160,7 +160,7 @@ def reference_attention(q, k, v, lo, hi, scale, softcap=0.0):
     return out
 
 
-# head sizes: 40 (8-lane forms only), 64 and 128 (16-lane forms, rows sharing key reads)
+# head sizes 40, 64 and 128 (the dimensions in one or several register blocks)
 @pytest.mark.parametrize("window,softcap,d", [(None, 0.0, 40), (9, 0.0, 40), (None, 30.0, 40),
                                               (None, 0.0, 64), (9, 0.0, 64), (None, 30.0, 128)])
 def test_attention_matches_a_float64_softmax_and_rows_do_not_depend_on_each_other(ops, window,
