@@ -160,11 +160,13 @@ def reference_attention(q, k, v, lo, hi, scale, softcap=0.0):
     return out
 
 
-@pytest.mark.parametrize("window,softcap", [(None, 0.0), (9, 0.0), (None, 30.0)])
+# head sizes 40, 64 and 128 (the dimensions in one or several register blocks)
+@pytest.mark.parametrize("window,softcap,d", [(None, 0.0, 40), (9, 0.0, 40), (None, 30.0, 40),
+                                              (None, 0.0, 64), (9, 0.0, 64), (None, 30.0, 128)])
 def test_attention_matches_a_float64_softmax_and_rows_do_not_depend_on_each_other(ops, window,
-                                                                                    softcap):
+                                                                                    softcap, d):
     g = torch.Generator().manual_seed(5)
-    hq, hkv, d, length, t = 6, 2, 40, 70, 8
+    hq, hkv, length, t = 6, 2, 70, 8
     q = torch.randn(hq, t, d, generator=g)
     k_buf = torch.randn(hkv, 100, d, generator=g)  # a cache buffer with spare room: strided
     v_buf = torch.randn(hkv, 100, d, generator=g)

@@ -143,6 +143,68 @@ static inline void q6_scales(const uint8_t* tb, __m512* sc) {
   }
 }
 
+// One group's decoded weights w (16 columns) against RB consecutive activation rows from r0,
+// into their accumulators. The rows' integer dots are independent chains, interleaved, so the
+// latency of each vpdpbusd is hidden (one chain per row would wait on every one); a short block
+// (a one-row step) splits each row's sum in two chains. Integer sums are exact, so how they are
+// split and added changes nothing: the fp32 steps of a row are the same, in the same order, for
+// every RB and R (batch invariance).
+template <int FMT, int RB>
+static inline __attribute__((always_inline)) void rows_block(const __m512i* w, __m512 s0, __m512 s1, __m512 off,
+                                                             const Activations& x, int64_t r0, int64_t g,
+                                                             __m512* acc) {
+  constexpr bool OFFSET = FMT == Q4_1 || FMT == Q5_1 || FMT == Q4_K || FMT == Q5_K;
+  const int64_t k = x.k, G = k / 32;
+  const int8_t* xq[RB];
+#pragma GCC unroll 8
+  for (int r = 0; r < RB; ++r) xq[r] = x.q.data() + (r0 + r) * k + 32 * g;
+  if (FMT == Q6_K) {  // a scale per 16 values: two sums
+    __m512i d0[RB], d1[RB];
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) d0[r] = d1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r) {
+        d0[r] = _mm512_dpbusd_epi32(d0[r], w[i], bcast4(xq[r] + 4 * i));
+        d1[r] = _mm512_dpbusd_epi32(d1[r], w[i + 4], bcast4(xq[r] + 4 * i + 16));
+      }
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) {
+      const int64_t row = r0 + r;
+      const int32_t* qs = x.qsum16.data() + row * 2 * G + 2 * g;
+      const __m512 xd = _mm512_set1_ps(x.d[row * G + g]);
+      const __m512i e0 = _mm512_sub_epi32(d0[r], _mm512_set1_epi32(32 * qs[0]));
+      const __m512i e1 = _mm512_sub_epi32(d1[r], _mm512_set1_epi32(32 * qs[1]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e0), _mm512_mul_ps(s0, xd), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e1), _mm512_mul_ps(s1, xd), acc[r]);
+    }
+    return;
+  }
+  constexpr int P = RB < 4 ? 2 : 1;
+  __m512i dot[RB][P];
+#pragma GCC unroll 8
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 2
+    for (int p = 0; p < P; ++p) dot[r][p] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) dot[r][i % P] = _mm512_dpbusd_epi32(dot[r][i % P], w[i], bcast4(xq[r] + 4 * i));
+#pragma GCC unroll 8
+  for (int r = 0; r < RB; ++r) {
+    const int64_t row = r0 + r;
+    const int32_t* qs = x.qsum16.data() + row * 2 * G + 2 * g;
+    const __m512 xd = _mm512_set1_ps(x.d[row * G + g]);
+    __m512i d = P == 2 ? _mm512_add_epi32(dot[r][0], dot[r][P - 1]) : dot[r][0];
+    if (FMT == Q4_0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(8 * (qs[0] + qs[1])));
+    if (FMT == Q5_0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(16 * (qs[0] + qs[1])));
+    if (FMT == Q8_0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(128 * (qs[0] + qs[1])));
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s0, xd), acc[r]);
+    if (OFFSET) acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(x.dsum[row * G + g]), acc[r]);
+  }
+}
+
 constexpr int64_t kAhead = RS_TILE_AHEAD;  // bytes of a tile requested ahead of the kernel
 
 // One tile (16 columns), activation rows r0..r0+R, columns lo..hi of the tile written to
@@ -220,29 +282,9 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
         s0 = sc[2 * j];
         s1 = sc[2 * j + 1];
       }
-      for (int r = 0; r < R; ++r) {
-        const int64_t row = r0 + r;
-        const int8_t* xq = x.q.data() + row * k + 32 * g;
-        const int32_t* qs = x.qsum16.data() + row * 2 * G + 2 * g;
-        const __m512 xd = _mm512_set1_ps(x.d[row * G + g]);
-        if (FMT == Q6_K) {  // a scale per 16 values: two sums
-          __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-          for (int i = 0; i < 4; ++i) d0 = _mm512_dpbusd_epi32(d0, w[i], bcast4(xq + 4 * i));
-          for (int i = 4; i < 8; ++i) d1 = _mm512_dpbusd_epi32(d1, w[i], bcast4(xq + 4 * i));
-          d0 = _mm512_sub_epi32(d0, _mm512_set1_epi32(32 * qs[0]));
-          d1 = _mm512_sub_epi32(d1, _mm512_set1_epi32(32 * qs[1]));
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(s0, xd), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(s1, xd), acc[r]);
-          continue;
-        }
-        __m512i dot = _mm512_setzero_si512();
-        for (int i = 0; i < 8; ++i) dot = _mm512_dpbusd_epi32(dot, w[i], bcast4(xq + 4 * i));
-        if (FMT == Q4_0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * (qs[0] + qs[1])));
-        if (FMT == Q5_0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(16 * (qs[0] + qs[1])));
-        if (FMT == Q8_0) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * (qs[0] + qs[1])));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s0, xd), acc[r]);
-        if (OFFSET) acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(x.dsum[row * G + g]), acc[r]);
-      }
+      constexpr int FULL = R / 8 * 8;  // rows in blocks of 8, then the rest as one block
+      for (int rb = 0; rb < FULL; rb += 8) rows_block<FMT, 8>(w, s0, s1, off, x, r0 + rb, g, acc + rb);
+      if (FULL < R) rows_block<FMT, R - FULL>(w, s0, s1, off, x, r0 + FULL, g, acc + FULL);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, cols, acc[r]);
