@@ -99,10 +99,20 @@ def open_page(browser, url: str):
 
 
 def set_number(page, label: str, value: int) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     box = page.get_by_label(label)
-    if not box.is_visible():  # the engine's settings sit in the sidebar's "Advanced" expander
+    # The engine's settings sit in the sidebar's "Advanced" expander. A rerun still under way
+    # (after an upload, on a slow machine) can redraw it closed, or take the click: click again.
+    for _ in range(4):
+        if box.is_visible():
+            break
         page.locator(SIDEBAR).get_by_text("Advanced", exact=True).click()
-        box.wait_for()
+        try:
+            box.wait_for(timeout=20_000)
+        except PlaywrightTimeout:
+            continue
+    box.wait_for()
     box.fill(str(value))
     box.press("Enter")
     page.wait_for_timeout(1000)  # let the rerun triggered by the setting finish

@@ -133,13 +133,14 @@ def test_an_upload_being_embedded_does_not_hold_the_index_lock(tmp_path, monkeyp
     root, lock = tmp_path / "uploads", threading.Lock()
     assert uploads.ingest_upload(root, "notes.md", NOTES_A, store, lock=lock).status == "added"
     held_at_commit = []
-    write_snapshot = persist.write_snapshot
+    def recording(write):  # a commit writes the folder whole or appends to it
+        def commit(*args, **kwargs):
+            held_at_commit.append(lock.locked())
+            return write(*args, **kwargs)
+        return commit
 
-    def recording(*args, **kwargs):
-        held_at_commit.append(lock.locked())
-        return write_snapshot(*args, **kwargs)
-
-    monkeypatch.setattr(persist, "write_snapshot", recording)
+    monkeypatch.setattr(persist, "write_snapshot", recording(persist.write_snapshot))
+    monkeypatch.setattr(persist, "append_snapshot", recording(persist.append_snapshot))
     outcome = []
     upload = threading.Thread(target=lambda: outcome.append(uploads.ingest_upload(
         root, "big.md", b"# Backlog\n\nThe backlog of jobs drains at night.\n", store, lock=lock)))
