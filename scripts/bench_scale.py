@@ -772,8 +772,7 @@ def _ingest_child(texts_path: Path, n: int) -> dict:
            **{k: round(v, 2) for k, v in split.items()},
            "other_s": round(wall - sum(split.values()), 2),
            "outside_s (texts + vectors, not counted)": round(outside, 2),
-           "commits": commits, "peak_rss_mb": round(
-               resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+           "commits": commits, "peak_rss_mb": round(peak_rss_mb(), 1),
            "disk_mb": round(disk / 2**20, 1), "files": sorted(p.name for p in folder.iterdir()),
            "load_start": load_start, "load_end": os.getloadavg()}
     t = time.perf_counter()

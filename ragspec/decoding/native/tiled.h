@@ -216,8 +216,7 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
                  int64_t ldy, __mmask16 cols, const uint8_t* ahead) {
   constexpr int BB = block_bytes(FMT), PB = block_elems(FMT) / 32;
   constexpr bool KQ = FMT == Q4_K || FMT == Q5_K, Q5 = FMT == Q5_0 || FMT == Q5_1;
-  constexpr bool OFFSET = FMT == Q4_1 || FMT == Q5_1 || KQ;
-  const int64_t k = x.k, G = k / 32, blocks = row_bytes / BB;
+  const int64_t blocks = row_bytes / BB;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   __m512 sc[16], mn[8];
