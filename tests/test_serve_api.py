@@ -264,6 +264,10 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(tiny_model, tiny_to
         reader.start()
         assert opened.wait(30)
         scheduler = running.service.scheduler
+        # the first line (a chat's role) is sent before the request is admitted
+        deadline = time.monotonic() + 10
+        while scheduler.load()["active"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert scheduler.load()["active"] == 1
         release.set()  # the reader leaves the stream and closes the connection
         reader.join(30)
