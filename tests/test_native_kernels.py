@@ -180,3 +180,25 @@ def test_attention_matches_a_float64_softmax_and_rows_do_not_depend_on_each_othe
         one = ops.attend(q[:, r:r + 1], k[:, :hi[r] + 1], v[:, :hi[r] + 1], lo[r:r + 1],
                          hi[r:r + 1], 0.3, softcap)
         assert torch.equal(one[0], out[r])
+
+
+@pytest.mark.parametrize("softcap,d", [(0.0, 40), (0.0, 64), (30.0, 128)])
+def test_attention_over_an_fp16_cache_is_the_fp32_arithmetic_on_the_widened_values(ops, softcap, d):
+    # the fp16 storage only changes how keys and values are read: widened exactly, then the same
+    # fp32 arithmetic, so the result is bit for bit the fp32 kernel's on the widened copies
+    g = torch.Generator().manual_seed(6)
+    hq, hkv, length, t = 6, 2, 70, 8
+    q = torch.randn(hq, t, d, generator=g)
+    k_buf = torch.randn(hkv, 100, d, generator=g).half()
+    v_buf = torch.randn(hkv, 100, d, generator=g).half()
+    k, v = k_buf[:, :length], v_buf[:, :length]
+    hi = torch.arange(length - t, length)
+    lo = torch.zeros(t, dtype=torch.long)
+    out = ops.attend(q, k, v, lo, hi, 0.3, softcap)
+    assert torch.equal(out, ops.attend(q, k.float(), v.float(), lo, hi, 0.3, softcap))
+    for r in range(t):
+        one = ops.attend(q[:, r:r + 1], k[:, :hi[r] + 1], v[:, :hi[r] + 1], lo[r:r + 1],
+                         hi[r:r + 1], 0.3, softcap)
+        assert torch.equal(one[0], out[r])
+    with pytest.raises(RuntimeError, match="fp32 or fp16"):
+        ops.attend(q, k, v.float(), lo, hi, 0.3, softcap)

@@ -22,6 +22,9 @@ packed.step_forward()) run ragspec's attention kernel (native/attention.cpp), in
 query row visits its keys in the same order whether it is computed alone or with the draft rows
 after it, so a verify forward reproduces the one-token steps bit for bit; longer forwards
 (prefill) run SDPA as above. The kernel takes soft-capping too, so Gemma 2 runs it as well.
+Keys and values may be stored as fp16 (the native step's cache, ragspec.decoding.native_step):
+the kernel widens them as it reads; the SDPA paths get them widened first. An attention module
+with `_ragspec_kv_dtype` set reads keys rounded to that type whatever cache holds them.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ def _ranges(mask, q_len: int, kv_len: int):
 
 
 _ranges_memo = _Ranges()
+_KERNEL_TYPES = (torch.float32, torch.float16)  # the key/value storages native/attention.cpp reads
 
 
 def native_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -96,14 +100,22 @@ def native_forward(module, query, key, value, attention_mask, dropout=0.0, scali
     from ragspec.decoding.packed import _is_step
 
     q_len, kv_len = query.shape[2], key.shape[2]
+    storage = getattr(module, "_ragspec_kv_dtype", None)
+    if storage is not None and key.dtype != storage:
+        # keys as the model's cache stores them (a cache of transformers' own layers holds them
+        # unrounded), so every forward of the model sees the same values whichever cache it has
+        key, value = key.to(storage), value.to(storage)
     plain = kwargs.get("position_bias") is None and kwargs.get("s_aux") is None
-    if query.shape[0] == 1 and plain and _is_step(q_len) and key.dtype == torch.float32:
+    if (query.shape[0] == 1 and plain and _is_step(q_len) and key.dtype in _KERNEL_TYPES
+            and value.dtype == key.dtype):
         ranges = _ranges_memo(attention_mask, q_len, kv_len)
         if ranges is not None:
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             out = torch.ops.ragspec.attend(query[0], key[0], value[0], ranges[0], ranges[1],
                                            float(scale), float(kwargs.get("softcap") or 0.0))
             return out.unsqueeze(0), None
+    if key.dtype != query.dtype:  # an fp16 cache under fp32 queries: SDPA takes one type
+        key, value = key.to(query.dtype), value.to(query.dtype)
     if kwargs.get("softcap") is not None:
         return _softcapped(query, key, value, attention_mask, scaling, kwargs["softcap"])
     return gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=dropout,

@@ -26,6 +26,7 @@ bounded by the window (plus the longest forward) however long the text gets.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -35,9 +36,11 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 _SPARE = 256  # positions of room added beyond what is needed when a buffer is (re)allocated
 
 
-def _buffer(like: torch.Tensor, size: int) -> torch.Tensor:
-    """An uninitialised (batch, heads, size, head_dim) buffer shaped, typed and placed as `like`."""
-    return torch.empty((*like.shape[:-2], size, like.shape[-1]), dtype=like.dtype, device=like.device)
+def _buffer(like: torch.Tensor, size: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised (batch, heads, size, head_dim) buffer shaped and placed as `like`, of
+    `like`'s dtype or `dtype`."""
+    return torch.empty((*like.shape[:-2], size, like.shape[-1]), dtype=dtype or like.dtype,
+                       device=like.device)
 
 
 class _OneSequence:
@@ -51,10 +54,13 @@ class _OneSequence:
 
 
 class GrowingLayer(_OneSequence, DynamicLayer):
-    """DynamicLayer whose keys/values are views of a buffer that doubles when full."""
+    """DynamicLayer whose keys/values are views of a buffer that doubles when full. With
+    `dtype` (the model's `_ragspec_kv_dtype`, e.g. fp16) the buffer stores that type and the new
+    keys and values are rounded to it as they are written; else the type the forward gives."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, dtype: torch.dtype | None = None, **kwargs):
         super().__init__(**kwargs)
+        self.dtype = dtype
         self._key_buf: torch.Tensor | None = None
         self._value_buf: torch.Tensor | None = None
         self._length = 0
@@ -66,7 +72,7 @@ class GrowingLayer(_OneSequence, DynamicLayer):
         size = max(needed + _SPARE, 2 * capacity)
 
         def grown(buf, like):
-            new = _buffer(like, size)
+            new = _buffer(like, size, self.dtype)
             if buf is not None and self._length:
                 new[..., : self._length, :].copy_(buf[..., : self._length, :])
             return new
@@ -187,25 +193,28 @@ class SlidingLayer(_OneSequence, DynamicSlidingWindowLayer):
         self.cumulative_length = 0
 
 
-def _ours(layer):
+def _ours(layer, dtype: torch.dtype | None):
     """Our replacement for one of transformers' layers; other kinds are kept as they are."""
     if type(layer) is DynamicLayer:
-        return GrowingLayer()
+        return GrowingLayer(dtype=dtype)
     if type(layer) is DynamicSlidingWindowLayer:
         return SlidingLayer(sliding_window=layer.sliding_window)
     return layer
 
 
 def new_cache(model) -> DynamicCache:
-    """A DynamicCache for `model` whose full-attention and sliding-window layers are ours."""
+    """A DynamicCache for `model` whose full-attention and sliding-window layers are ours; its
+    full-attention layers store `model._ragspec_kv_dtype` where the model sets one (the native
+    step's fp16 cache, ragspec.decoding.native_step)."""
+    dtype = getattr(model, "_ragspec_kv_dtype", None)
     try:
         cache = DynamicCache(config=model.config)
     except TypeError:
         cache = DynamicCache()
     if cache.layers:
-        cache.layers = [_ours(layer) for layer in cache.layers]
+        cache.layers = [_ours(layer, dtype) for layer in cache.layers]
     else:
-        cache.layer_class_to_replicate = GrowingLayer
+        cache.layer_class_to_replicate = functools.partial(GrowingLayer, dtype=dtype)
     return cache
 
 

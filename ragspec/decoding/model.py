@@ -312,6 +312,10 @@ def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
     from ragspec.decoding.weights import describe, load_packed, quantised_folder
 
     try:
+        native_step.kv_dtype()  # a RAGSPEC_KV_CACHE naming no storage is refused before loading
+    except ValueError as exc:
+        raise ModelNotSupported(str(exc)) from exc
+    try:
         if choice == "gguf":
             path, name, converted = resolve(spec, cache_dir, on_convert, packed=True)
             check_causal_lm(path, spec or BUNDLED)

@@ -20,7 +20,10 @@ qualify: those the model's own forward would run natively). Batched serving uses
 What stays as it was:
   * the cache: the new keys and values go into the same GrowingLayer buffers
     (ragspec.decoding.cache) the module path writes, at the same positions, so a rejected
-    draft is cropped as before and a later forward of either path sees the same cache;
+    draft is cropped as before and a later forward of either path sees the same cache. The
+    buffers store fp16 (`kv_dtype`, RAGSPEC_KV_CACHE=fp32 for fp32): both paths round a key or
+    value as it is written and every attention of the model reads the rounded values, the
+    module path's too (attention.native_forward), so the paths keep computing the same thing;
   * batch invariance: every operation in step.cpp computes a row from that row alone (see
     there), so a k-token verify gives, row for row, what k one-token steps give;
   * the reference: fp32 models keep transformers' modules (only packed models take this);
@@ -51,6 +54,20 @@ from ragspec.decoding.cache import GrowingLayer
 from ragspec.decoding.packed import PackedLinear, _is_step
 
 ENV = "RAGSPEC_NATIVE_STEP"
+KV_ENV = "RAGSPEC_KV_CACHE"
+
+
+def kv_dtype() -> torch.dtype:
+    """The KV cache's storage for models the native step runs: fp16 (IEEE half, as llama.cpp's
+    default cache) unless RAGSPEC_KV_CACHE=fp32; the one reader of that variable. A step reads
+    every cached key and value once per layer, so half the bytes is most of attention's time at
+    long contexts; the arithmetic stays fp32 (values are widened exactly as they are read)."""
+    value = os.environ.get(KV_ENV, "").strip().lower()
+    if value in ("", "fp16", "f16", "half"):
+        return torch.float16
+    if value in ("fp32", "f32", "float"):
+        return torch.float32
+    raise ValueError(f"{KV_ENV}={value!r}: use fp16 or fp32")
 
 
 def chosen() -> str | None:
@@ -187,7 +204,9 @@ def install(model) -> str | None:
     embed = model.get_input_embeddings()
     n_layers = len(model.model.layers)
     kv_heads, head_dim = ints[3], ints[4]
-    dummy = torch.empty(1, kv_heads, 0, head_dim)  # shapes the cache buffers GrowingLayer makes
+    storage = kv_dtype()
+    # shapes and types the cache buffers GrowingLayer makes
+    dummy = torch.empty(1, kv_heads, 0, head_dim, dtype=storage)
 
     @functools.wraps(module_forward)
     def forward(input_ids=None, attention_mask=None, position_ids=None, cache=None,
@@ -209,6 +228,9 @@ def install(model) -> str | None:
 
     model.forward = forward
     model._ragspec_step = step
+    model._ragspec_kv_dtype = storage  # read by cache.new_cache
+    for layer in model.model.layers:  # every attention reads the keys as stored (attention.py)
+        layer.self_attn._ragspec_kv_dtype = storage
     model._ragspec_step_parts = _Parts(embed, n_layers, dummy)
     return None
 
@@ -300,7 +322,7 @@ def _reserve(layers, start: int, end: int, dummy: torch.Tensor) -> tuple[list, l
             values.append(layer._value_buf)
         else:
             for old, out in ((layer.keys, keys), (layer.values, values)):
-                buf = torch.empty((*dummy.shape[:2], end, dummy.shape[-1]))
+                buf = torch.empty((*dummy.shape[:2], end, dummy.shape[-1]), dtype=dummy.dtype)
                 if start:
                     buf[..., :start, :].copy_(old)
                 out.append(buf)

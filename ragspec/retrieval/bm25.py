@@ -419,9 +419,9 @@ class BM25Index:
             if segment.top_row() >= first:
                 parts.append((segment.flat_terms(), segment.rows, segment.counts))
         keep = [r >= first for _, r, _ in parts]
-        return self._encode(np.concatenate([t[k] for (t, _, _), k in zip(parts, keep)]),
-                            np.concatenate([r[k] for (_, r, _), k in zip(parts, keep)]) - first,
-                            np.concatenate([c[k] for (_, _, c), k in zip(parts, keep)]),
+        return self._encode(np.concatenate([t[k] for (t, _, _), k in zip(parts, keep, strict=True)]),
+                            np.concatenate([r[k] for (_, r, _), k in zip(parts, keep, strict=True)]) - first,
+                            np.concatenate([c[k] for (_, _, c), k in zip(parts, keep, strict=True)]),
                             self._lengths.view()[first:], {})
 
     def _encode(self, terms: np.ndarray, rows: np.ndarray, counts: np.ndarray,

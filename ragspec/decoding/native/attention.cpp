@@ -6,9 +6,15 @@
 // order, so a row sees the same arithmetic whether it is computed alone (a one-token step) or
 // with the draft rows after it (a verify forward): bit-identical results, which is what keeps
 // greedy speculation exact. Optional logit soft-capping (cap · tanh(s / cap)) as Gemma 2 uses.
+//
+// Keys and values are fp32 or fp16 (IEEE half, the KV cache's storage on the CPU: half the bytes
+// a step reads from the cache). fp16 elements are widened to fp32 as they are loaded; all the
+// arithmetic is fp32 and the same for both storages.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <c10/util/Half.h>
 
 #include <cmath>
 #include <limits>
@@ -16,12 +22,16 @@
 
 #include "kernels.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define RS_AVX2 1
 #endif
 
 namespace rs {
+
+// Element loads: fp32 as it is, fp16 widened (exact).
+static inline float ld1(const float* p) { return *p; }
+static inline float ld1(const uint16_t* p) { return c10::detail::fp16_ieee_to_fp32_value(*p); }
 
 // e^x for x <= 0 (softmax inputs after subtracting the maximum): 2^n · p(r), n = round(x / ln 2),
 // r = x − n ln 2 split in two parts, p a degree-6 Taylor polynomial (|r| ≤ ln 2 / 2: relative
@@ -63,6 +73,11 @@ static inline __m256 exp_neg8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+static inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 ld8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 static inline float hsum8(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -70,17 +85,18 @@ static inline float hsum8(__m256 v) {
 }
 #endif
 
-static inline float dot(const float* a, const float* b, int64_t d) {
+template <typename T>
+static inline float dot(const float* a, const T* b, int64_t d) {
 #ifdef RS_AVX2
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), ld8(b + i), acc);
   float s = hsum8(acc);
 #else
   float s = 0.0f;
   int64_t i = 0;
 #endif
-  for (; i < d; ++i) s = std::fma(a[i], b[i], s);
+  for (; i < d; ++i) s = std::fma(a[i], ld1(b + i), s);
   return s;
 }
 
@@ -88,12 +104,13 @@ static inline float dot(const float* a, const float* b, int64_t d) {
 // Eight keys' dot products with q at once: acc[i] collects key i's products 8 lanes at a time,
 // then one transpose-and-add tree turns the eight accumulators into the eight sums. Every key
 // is reduced by the same tree (lane pairs in the same order), whichever block it is in.
-static inline __m256 dot8(const float* q, const float* k, int64_t stride, int64_t d) {
+template <typename T>
+static inline __m256 dot8(const float* q, const T* k, int64_t stride, int64_t d) {
   __m256 acc[8];
   for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; c += 8) {
     const __m256 qv = _mm256_loadu_ps(q + c);
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * stride + c), acc[i]);
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, ld8(k + i * stride + c), acc[i]);
   }
   const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
   const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
@@ -106,9 +123,10 @@ static inline __m256 dot8(const float* q, const float* k, int64_t stride, int64_
 #endif
 
 // One query row against keys lo..hi: scores -> probabilities -> weighted sum of values.
-void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
-                int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
-                std::vector<float>& s) {
+template <typename T>
+static void attend_row_of(const float* q, const T* k, const T* v, int64_t kstride, int64_t vstride,
+                          int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
+                          std::vector<float>& s) {
   const int64_t n = hi - lo + 1;
   s.resize(n);
   int64_t j = 0;
@@ -152,8 +170,8 @@ void attend_row(const float* q, const float* k, const float* v, int64_t kstride,
     for (int i = 0; i < 8; ++i) o[i] = _mm256_setzero_ps();
     for (j = 0; j < n; ++j) {
       const __m256 p = _mm256_set1_ps(s[j]);
-      const float* vj = v + (lo + j) * vstride + c;
-      for (int i = 0; i < 8; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * i), o[i]);
+      const T* vj = v + (lo + j) * vstride + c;
+      for (int i = 0; i < 8; ++i) o[i] = _mm256_fmadd_ps(p, ld8(vj + 8 * i), o[i]);
     }
     const __m256 vi = _mm256_set1_ps(inv);
     for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + c + 8 * i, _mm256_mul_ps(o[i], vi));
@@ -161,10 +179,34 @@ void attend_row(const float* q, const float* k, const float* v, int64_t kstride,
 #endif
   for (int64_t i = c; i < d; ++i) out[i] = 0.0f;
   for (j = 0; j < n && c < d; ++j) {
-    const float* vj = v + (lo + j) * vstride;
-    for (int64_t i = c; i < d; ++i) out[i] = std::fma(s[j], vj[i], out[i]);
+    const T* vj = v + (lo + j) * vstride;
+    for (int64_t i = c; i < d; ++i) out[i] = std::fma(s[j], ld1(vj + i), out[i]);
   }
   for (int64_t i = c; i < d; ++i) out[i] *= inv;
+}
+
+void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
+                int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
+                std::vector<float>& scratch) {
+  attend_row_of(q, k, v, kstride, vstride, lo, hi, d, scale, softcap, out, scratch);
+}
+
+void attend_row(const float* q, const uint16_t* k, const uint16_t* v, int64_t kstride, int64_t vstride,
+                int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
+                std::vector<float>& scratch) {
+  attend_row_of(q, k, v, kstride, vstride, lo, hi, d, scale, softcap, out, scratch);
+}
+
+void store_kv(const float* x, int64_t n, float* out) { std::copy_n(x, n, out); }
+
+void store_kv(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+#ifdef RS_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) out[i] = c10::detail::fp16_ieee_from_fp32_value(x[i]);
 }
 
 // q (Hq, T, D), k/v (Hkv, L, D) with any head stride and contiguous rows, lo/hi (T) int64:
@@ -172,7 +214,8 @@ void attend_row(const float* q, const float* k, const float* v, int64_t kstride,
 at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& lo_in, const at::Tensor& hi_in, double scale, double softcap) {
   TORCH_CHECK(q_in.dim() == 3 && k.dim() == 3 && v.dim() == 3, "attend takes (heads, rows, dim) tensors");
-  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "attend takes fp32 keys and values");
+  TORCH_CHECK((k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf) && v.scalar_type() == k.scalar_type(),
+              "attend takes fp32 or fp16 keys and values (both the same)");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "key and value rows must be contiguous");
   const at::Tensor q = q_in.to(at::kFloat).contiguous();
   const int64_t hq = q.size(0), t = q.size(1), d = q.size(2), hkv = k.size(0), len = k.size(1);
@@ -188,19 +231,24 @@ at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor&
   const int64_t dv = v.size(2);
   at::Tensor out = at::empty({t, hq, dv}, q.options());
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t group = hq / hkv;
   TORCH_CHECK(dv == d, "value and key head sizes differ");
-  at::parallel_for(0, hq * t, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> s;
-    for (int64_t task = b; task < e; ++task) {
-      const int64_t h = task / t, row = task % t, g = h / group;
-      attend_row(qp + (h * t + row) * d, kp + g * k.stride(0), vp + g * v.stride(0), k.stride(1), v.stride(1),
-                 lop[row], hip[row], d, float(scale), float(softcap), op + (row * hq + h) * dv, s);
-    }
-  });
+  auto run = [&](const auto* kp, const auto* vp) {
+    at::parallel_for(0, hq * t, 1, [&](int64_t b, int64_t e) {
+      std::vector<float> s;
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t h = task / t, row = task % t, g = h / group;
+        attend_row(qp + (h * t + row) * d, kp + g * k.stride(0), vp + g * v.stride(0), k.stride(1), v.stride(1),
+                   lop[row], hip[row], d, float(scale), float(softcap), op + (row * hq + h) * dv, s);
+      }
+    });
+  };
+  if (k.scalar_type() == at::kHalf)
+    run(reinterpret_cast<const uint16_t*>(k.data_ptr<at::Half>()),
+        reinterpret_cast<const uint16_t*>(v.data_ptr<at::Half>()));
+  else
+    run(k.data_ptr<float>(), v.data_ptr<float>());
   return out;
 }
 

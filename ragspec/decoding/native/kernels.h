@@ -56,8 +56,18 @@ int64_t column_grain(const WeightView& w, int64_t m);
 // One query row (d values) against the keys lo..hi of k/v (rows kstride / vstride floats apart):
 // softmax(q · k · scale, soft-capped by `softcap` when > 0) · v into out (d values).
 // `scratch` is reused between calls (resized as needed).
+// k/v are fp32, or fp16 (IEEE half bits) widened to fp32 as they are read; the arithmetic is
+// the same for both.
 void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
                 int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
                 std::vector<float>& scratch);
+void attend_row(const float* q, const uint16_t* k, const uint16_t* v, int64_t kstride, int64_t vstride,
+                int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
+                std::vector<float>& scratch);
+
+// n values into a KV cache buffer of fp32 (copied) or fp16 (rounded to nearest even, as torch's
+// conversion rounds, so either writer leaves the same bits).
+void store_kv(const float* x, int64_t n, float* out);
+void store_kv(const float* x, int64_t n, uint16_t* out);
 
 }  // namespace rs

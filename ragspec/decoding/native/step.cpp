@@ -179,14 +179,34 @@ class StepModel : public torch::CustomClassHolder {
     }
     const int64_t T = offset[S];
     TORCH_CHECK(x_in.size(0) == T, "the embeddings have ", x_in.size(0), " rows, the blocks ", T);
+    const at::ScalarType kv_type = keys[0].scalar_type();
+    TORCH_CHECK(kv_type == at::kFloat || kv_type == at::kHalf, "the cache buffers must be fp32 or fp16");
     for (int64_t s = 0; s < S; ++s)
       for (int64_t l = 0; l < layers_; ++l)
         for (const at::Tensor* b : {&keys[s * layers_ + l], &values[s * layers_ + l]}) {
-          TORCH_CHECK(b->scalar_type() == at::kFloat && b->dim() == 4 && b->is_contiguous() &&
+          TORCH_CHECK(b->scalar_type() == kv_type && b->dim() == 4 && b->is_contiguous() &&
                           b->size(1) == kv_heads_ && b->size(3) == head_dim_ && b->size(2) >= starts[s] + rows[s],
-                      "block ", s, " layer ", l, ": the cache buffer must be a contiguous fp32 (1, ", kv_heads_,
-                      ", >= ", starts[s] + rows[s], ", ", head_dim_, ") tensor");
+                      "block ", s, " layer ", l, ": the cache buffer must be a contiguous (1, ", kv_heads_,
+                      ", >= ", starts[s] + rows[s], ", ", head_dim_, ") tensor of the first buffer's type");
         }
+    if (kv_type == at::kHalf) return run<uint16_t>(x_in, keys, values, starts, rows, keeps, offset, t0);
+    return run<float>(x_in, keys, values, starts, rows, keeps, offset, t0);
+  }
+
+  // [forwards, total ns, ns in products (with preparing their inputs), ns in attention]
+  std::vector<int64_t> stats() const { return {calls_, total_ns_, matmul_ns_, attend_ns_}; }
+
+  void reset_stats() { calls_ = total_ns_ = matmul_ns_ = attend_ns_ = 0; }
+
+ private:
+  // forward_many after its checks, for cache buffers of element type KV (float or fp16 bits)
+  template <typename KV>
+  at::Tensor run(const at::Tensor& x_in, const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                 const std::vector<int64_t>& starts, const std::vector<int64_t>& rows,
+                 const std::vector<int64_t>& keeps, const std::vector<int64_t>& offset, Clock::time_point t0) {
+    const int64_t S = int64_t(rows.size()), T = offset[S];
+    int64_t kept = 0;
+    for (int64_t s = 0; s < S; ++s) kept += keeps[s];
     const int64_t qd = heads_ * head_dim_, kvd = kv_heads_ * head_dim_, half = head_dim_ / 2;
     // each row's block and position
     std::vector<int64_t> block(T), pos(T);
@@ -207,7 +227,7 @@ class StepModel : public torch::CustomClassHolder {
         cs[r * half + i] = std::cos(f) * rope_scale_;
         sn[r * half + i] = std::sin(f) * rope_scale_;
       }
-    std::vector<float*> kbs(S), vbs(S);
+    std::vector<KV*> kbs(S), vbs(S);
     std::vector<int64_t> caps(S);
     Activations a1, a2, a3;
     for (int64_t l = 0; l < layers_; ++l) {
@@ -221,15 +241,15 @@ class StepModel : public torch::CustomClassHolder {
       rotate(q.data(), T, heads_, cs, sn);
       rotate(k.data(), T, kv_heads_, cs, sn);
       for (int64_t s = 0; s < S; ++s) {
-        kbs[s] = keys[s * layers_ + l].data_ptr<float>();
-        vbs[s] = values[s * layers_ + l].data_ptr<float>();
+        kbs[s] = static_cast<KV*>(keys[s * layers_ + l].data_ptr());
+        vbs[s] = static_cast<KV*>(values[s * layers_ + l].data_ptr());
         caps[s] = keys[s * layers_ + l].size(2);
       }
       for (int64_t r = 0; r < T; ++r) {
         const int64_t s = block[r], cap = caps[s];
         for (int64_t gh = 0; gh < kv_heads_; ++gh) {
-          std::copy_n(k.data() + r * kvd + gh * head_dim_, head_dim_, kbs[s] + (gh * cap + pos[r]) * head_dim_);
-          std::copy_n(v.data() + r * kvd + gh * head_dim_, head_dim_, vbs[s] + (gh * cap + pos[r]) * head_dim_);
+          store_kv(k.data() + r * kvd + gh * head_dim_, head_dim_, kbs[s] + (gh * cap + pos[r]) * head_dim_);
+          store_kv(v.data() + r * kvd + gh * head_dim_, head_dim_, vbs[s] + (gh * cap + pos[r]) * head_dim_);
         }
       }
       attend(q.data(), kbs, vbs, caps, block, pos, att.data());
@@ -260,12 +280,6 @@ class StepModel : public torch::CustomClassHolder {
     return logits;
   }
 
-  // [forwards, total ns, ns in products (with preparing their inputs), ns in attention]
-  std::vector<int64_t> stats() const { return {calls_, total_ns_, matmul_ns_, attend_ns_}; }
-
-  void reset_stats() { calls_ = total_ns_ = matmul_ns_ = attend_ns_ = 0; }
-
- private:
   std::vector<Layer> layers;
   int64_t layers_, hidden_, heads_, kv_heads_, head_dim_, inter_, vocab_;
   float eps_, scale_, rope_scale_, resid_mult_, embed_mult_, logit_mult_, norm_offset_;
@@ -343,7 +357,8 @@ class StepModel : public torch::CustomClassHolder {
 
   // Row r of every query head against positions 0..pos[r] of its key head in its block's cache
   // (kb[block[r]], vb[block[r]], capacity caps[block[r]]); all blocks' rows in one parallel region.
-  void attend(const float* q, const std::vector<float*>& kb, const std::vector<float*>& vb,
+  template <typename KV>
+  void attend(const float* q, const std::vector<KV*>& kb, const std::vector<KV*>& vb,
               const std::vector<int64_t>& caps, const std::vector<int64_t>& block, const std::vector<int64_t>& pos,
               float* out) {
     const auto t0 = Clock::now();
