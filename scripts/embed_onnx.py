@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--passages", type=int, default=64)
     ap.add_argument("--cache", type=Path, default=None)
     args = ap.parse_args(argv)
-    embedder = Embedder(onnx=False)
+    embedder = Embedder(onnx=False, dtype="fp32")
     cache = args.cache or paths.models_dir() / "embedders"
     encoder = OnnxEncoder.load(embedder.model, bundled_model_dir(), cache)
     speedup = encoder.speedup()

@@ -12,9 +12,12 @@ process) are both given: on a busy machine the CPU time is the steadier measure 
              output column; not an option of the product, measured only)
   torch8-bN  torch's dynamic int8 of every Linear layer, one scale per output column
              (torch.ao.quantization.quantize_dynamic; measured only)
+  torchbf16-bN  the product's bf16 forward (RAGSPEC_EMBEDDER_DTYPE=bf16): the transformer
+             under torch.autocast("cpu", bfloat16), matrix products in bf16 (oneDNN: AVX512_BF16
+             or AMX where the CPU has them), pooling and normalisation in fp32
 
     python scripts/embed_speed.py A.pdf [B.pdf ...] [--passages 512] [--rounds 3]
-        [--threads 2] [--batches 32] [--builds torch,onnx,onnx8,torch8] [--json OUT]
+        [--threads 2] [--batches 32] [--builds torch,onnx,onnx8,torch8,torchbf16] [--json OUT]
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def torch8_embedder():
     """The bundled embedder with torch's dynamic int8 Linear layers."""
     from ragspec.retrieval.embeddings import Embedder
 
-    embedder = Embedder(onnx=False)
+    embedder = Embedder(onnx=False, dtype="fp32")
     quantise_linear(embedder.model)
     return embedder
 
@@ -99,9 +102,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", dest="out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    torch_embedder = Embedder(onnx=False)
+    torch_embedder = Embedder(onnx=False, dtype="fp32")
     makers = {"torch": lambda: torch_embedder, "onnx": lambda: Embedder(onnx=True),
-              "onnx8": lambda: onnx8_embedder(args.threads), "torch8": torch8_embedder}
+              "onnx8": lambda: onnx8_embedder(args.threads), "torch8": torch8_embedder,
+              "torchbf16": lambda: Embedder(onnx=False, dtype="bf16")}
     builds = {label: makers[label]() for label in args.builds.split(",")}
     if "onnx" in builds and builds["onnx"].backend != "onnxruntime":
         raise SystemExit("onnxruntime is not in use here (see the line above)")

@@ -6,6 +6,9 @@ but needs no torch: token counts come from the bundled all-MiniLM-L6-v2 tokenize
 passage lengths are checked against the real limit), and vectors are normalised bags of hashed
 lower-cased words, so texts that share words score higher. Same text, same vector, in every
 process (hashlib, not Python's salted hash()).
+
+`tiny_sentence_transformer` saves a tiny random real model instead, for tests of the embedder's
+own forward (onnxruntime, precision): torch is imported only when it is called.
 """
 
 from __future__ import annotations
@@ -215,3 +218,21 @@ def release(holder) -> None:
     """Let a `hold_lock` process release the lock and exit."""
     holder.stdin.write("go\n")
     holder.stdin.flush()
+
+
+def tiny_sentence_transformer(root):
+    """A randomly initialised 2-layer BERT (hidden size 32, the bundled tokenizer, mean pooling,
+    normalised) saved as a sentence-transformers folder under `root`; returns that folder."""
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(root / "bert")
+    AutoTokenizer.from_pretrained(str(bundled_model_dir())).save_pretrained(root / "bert")
+    layers = [models.Transformer(str(root / "bert"), max_seq_length=64),
+              models.Pooling(32, "mean"), models.Normalize()]
+    SentenceTransformer(modules=layers, device="cpu").save(str(root / "st"))
+    return root / "st"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import tiny_sentence_transformer
 
 from ragspec.retrieval import onnx_embed
 from ragspec.retrieval.embeddings import Embedder, bundled_model_dir
@@ -29,25 +30,12 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory) -> Path:
-    import torch
-    from sentence_transformers import SentenceTransformer, models
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    root = tmp_path_factory.mktemp("tiny-embedder")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(root / "bert")
-    AutoTokenizer.from_pretrained(str(bundled_model_dir())).save_pretrained(root / "bert")
-    layers = [models.Transformer(str(root / "bert"), max_seq_length=64),
-              models.Pooling(32, "mean"), models.Normalize()]
-    SentenceTransformer(modules=layers, device="cpu").save(str(root / "st"))
-    return root / "st"
+    return tiny_sentence_transformer(tmp_path_factory.mktemp("tiny-embedder"))
 
 
 @pytest.fixture(scope="module")
 def tiny_torch(tiny_folder):
-    embedder = Embedder(str(tiny_folder), onnx=False)
+    embedder = Embedder(str(tiny_folder), onnx=False, dtype="fp32")
     embedder.embed_array(["warm"])
     return embedder
 
@@ -148,7 +136,7 @@ def test_an_export_that_dies_leaves_no_file_behind(tiny_torch, tiny_folder, tmp_
 
 def fresh(tiny_torch, tiny_folder, monkeypatch, tmp_path, **kwargs) -> Embedder:
     monkeypatch.setenv("RAGSPEC_MODEL_CACHE", str(tmp_path))
-    embedder = Embedder(str(tiny_folder), **kwargs)
+    embedder = Embedder(str(tiny_folder), **{"dtype": "fp32", **kwargs})
     embedder._model = tiny_torch.model  # the loaded model, not a second copy
     return embedder
 
@@ -256,7 +244,7 @@ def test_bundled_model_onnx_vectors_equal_torch_vectors_on_real_passages(tmp_pat
     from ragspec.retrieval.loaders import load_file
     from ragspec.retrieval.passages import split_documents
 
-    torch_embedder = Embedder(onnx=False)
+    torch_embedder = Embedder(onnx=False, dtype="fp32")
     source = REAL_PDF if REAL_PDF.is_file() else REPO / "data" / "corpus" / "operations-guide.pdf"
     texts = [d.text for d in split_documents(load_file(source), torch_embedder)]
     texts = sorted(texts, key=len)[:: max(1, len(texts) // 24)][:24]  # short to the longest
@@ -312,7 +300,7 @@ def test_bundled_model_int8_vectors_are_near_torch_vectors_on_real_passages(tmp_
     from ragspec.retrieval.loaders import load_file
     from ragspec.retrieval.passages import split_documents
 
-    torch_embedder = Embedder(onnx=False)
+    torch_embedder = Embedder(onnx=False, dtype="fp32")
     source = REAL_PDF if REAL_PDF.is_file() else REPO / "data" / "corpus" / "operations-guide.pdf"
     texts = [d.text for d in split_documents(load_file(source), torch_embedder)]
     texts = sorted(texts, key=len)[:: max(1, len(texts) // 48)][:48]

@@ -111,5 +111,11 @@ def test_passages_embedded_in_order_of_length_come_back_in_their_own_order(embed
     heard = []
     got = embed_in_order(embedder, texts, lambda done, total: heard.append((done, total)))
     alone = np.stack([embedder.embed_array([text])[0] for text in texts[:: 9]])
-    assert np.abs(got[:: 9] - alone).max() < 1e-5  # row i is texts[i], whatever its batch
+    # Row i is texts[i], whatever its batch: in fp32 to float rounding; in bf16 a batch's other
+    # lengths move the rounding of its products, so a row is only near its text's vector alone.
+    if embedder.precision == "fp32":
+        assert np.abs(got[:: 9] - alone).max() < 1e-5
+    cosines = got[:: 9] @ alone.T
+    assert np.diag(cosines).min() > 0.9995
+    assert (cosines.argmax(axis=1) == np.arange(len(alone))).all()
     assert heard == [(EMBED_CHUNK, len(texts)), (len(texts), len(texts))]

@@ -18,6 +18,12 @@ RAGSPEC_EMBEDDER_ONNX=1 (or `Embedder(onnx=True)`) always uses it, =0 (`onnx=Fal
 Where onnxruntime is missing or the export does not fit the model, sentence-transformers' torch
 forward embeds, said in one line. `backend` names the one in use.
 
+Torch's forward computes in bfloat16 where the CPU has native bf16 instructions and fp32
+elsewhere (ragspec.retrieval.embed_precision decides: RAGSPEC_EMBEDDER_DTYPE=auto|fp32|bf16, or
+`Embedder(dtype=...)`); `precision` names the one in use. On such a CPU, onnxruntime is tried
+only when asked for (onnx=True): its measurement is against torch's fp32 forward, which bf16
+already takes about half the CPU time of.
+
 `count_tokens` measures text in the model's own word pieces, without the [CLS]/[SEP] the model
 adds; `max_tokens` is the model's maximum sequence length *including* them. The splitter uses
 both to make every passage fully visible to the model (all-MiniLM-L6-v2 silently drops
@@ -36,6 +42,7 @@ import numpy as np
 from langchain_core.embeddings import Embeddings
 
 from ragspec import paths
+from ragspec.retrieval import embed_precision
 from ragspec.retrieval.errors import EmbedderUnavailableError
 from ragspec.retrieval.tokens import WordPieces
 
@@ -82,11 +89,13 @@ class Embedder(Embeddings):
     onnx: run the transformer in onnxruntime on the CPU: True always, False never, None as
         RAGSPEC_EMBEDDER_ONNX says (1: always; auto: where it measures faster on this machine;
         unset or 0: never).
+    dtype: torch's compute precision, "auto", "fp32" or "bf16"; None as RAGSPEC_EMBEDDER_DTYPE
+        says (unset: auto). See ragspec.retrieval.embed_precision.
     """
 
     def __init__(
         self, model: str | None = None, *, device: str | None = None, batch_size: int = 32,
-        onnx: bool | None = None,
+        onnx: bool | None = None, dtype: str | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -105,9 +114,15 @@ class Embedder(Embeddings):
             choice = os.environ.get(ONNX_ENV_VAR, "").strip().lower()
             onnx = {"1": True, "auto": None}.get(choice, False)
         self.onnx = onnx  # None: where it measures faster
+        try:
+            self.dtype = embed_precision.setting(
+                dtype if dtype is not None else os.environ.get(embed_precision.ENV_VAR))
+        except ValueError as exc:
+            raise EmbedderUnavailableError(f"{exc} (unset it to choose by the CPU)") from exc
         self._model = None
         self._encoder = None  # OnnxEncoder once loaded; False: torch's forward
         self._pieces: WordPieces | None = None
+        self._precision: str | None = None  # torch's, once the model is loaded
 
     def __repr__(self) -> str:
         return f"Embedder({self.name!r})"
@@ -149,11 +164,24 @@ class Embedder(Embeddings):
         """"onnxruntime" or "sentence-transformers": what embeds (loads the model to know)."""
         return "onnxruntime" if self._onnx_encoder() else "sentence-transformers"
 
+    @property
+    def precision(self) -> str:
+        """"bf16" or "fp32": what the forward computes in (loads the model to know)."""
+        return "fp32" if self._onnx_encoder() else self._torch_precision()
+
+    def _torch_precision(self) -> str:
+        if self._precision is None:
+            self._precision = embed_precision.choose(self.dtype, self.model.device.type)
+        return self._precision
+
     def _onnx_encoder(self):
         if self._encoder is None:
             self._encoder = False
             model = self.model
             # On a GPU torch's forward is the fast one: onnxruntime here is the CPU build.
+            # Where torch computes in bf16, it is the faster one too (docs/formats.md).
+            if self.onnx is None and self._torch_precision() == "bf16":
+                return False
             if self.onnx is not False and model.device.type == "cpu":
                 from ragspec.retrieval.onnx_embed import OnnxEncoder, OnnxUnavailable
 
@@ -228,6 +256,8 @@ class Embedder(Embeddings):
         encoder = self._onnx_encoder()
         if encoder:
             return encoder.encode(list(texts), self.batch_size)
+        if self._torch_precision() == "bf16":
+            embed_precision.compute_in_bf16(self.model)
         vectors = self.model.encode(
             list(texts),
             batch_size=self.batch_size,
