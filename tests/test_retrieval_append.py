@@ -328,3 +328,19 @@ def test_keyword_index_bytes_are_the_same_with_and_without_the_c_tokenizer(monke
         assert (index._native_vocab is not None) == (flag == "1")
         built[flag] = index.to_bytes([pid for pid, _ in pairs])
     assert built["0"] == built["1"]
+
+
+def test_passage_lines_are_the_characters_json_dumps_writes():
+    # The fast passage line (persist._passage_line) against `_line`, json.dumps itself, on
+    # real text and on what JSON must escape; other types and keys take json.dumps.
+    texts = real_texts(300) + EDGES + ['quo"te \\ back\\', "\u2028\u2029 \ud7ff \U0001f600",
+                                       "ünï 中文 ΣΑΣ", "\x7f\x80\x9f"]
+    cases = [{"id": f"d-{i}\"", "doc_id": text[:5], "page": page, "start": start, "text": text}
+             for i, text in enumerate(texts)
+             for page, start in ((None, 0), (1, 17), (2**70, 2**40))]
+    cases += [{"id": "x", "doc_id": "y", "page": True, "start": 0, "text": "t"},
+              {"id": "x", "doc_id": "y", "page": None, "start": 1.5, "text": "t"},
+              {"id": "x", "doc_id": "y", "start": 0, "text": "t"},
+              {"doc_id": "y", "id": "x", "page": None, "start": 0, "text": "t"}]
+    for case in cases:
+        assert persist._passage_line(case) == persist._line({"type": "passage", **case})

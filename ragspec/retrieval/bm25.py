@@ -375,9 +375,12 @@ class BM25Index:
         terms = np.concatenate([s.flat_terms() for s in chosen])
         rows = np.concatenate([s.rows for s in chosen])
         counts = np.concatenate([s.counts for s in chosen])
-        live = alive[rows]
-        dropped = len(rows) - int(np.count_nonzero(live))
-        merged = Segment.build(terms[live], rows[live], counts[live])
+        dropped = 0
+        if self._dead_postings:  # removed passages' postings go now
+            live = alive[rows]
+            dropped = len(rows) - int(np.count_nonzero(live))
+            terms, rows, counts = terms[live], rows[live], counts[live]
+        merged = Segment.build(terms, rows, counts, runs=True)  # each segment is a sorted run
         self._segments = self._segments[: len(self._segments) - len(chosen)] + [merged]
         self._postings -= dropped
         self._dead_postings -= dropped
@@ -391,9 +394,9 @@ class BM25Index:
         if len(order) != len(self._row_of) or set(order) != self._row_of.keys():
             raise AssertionError("the row order must list every passage of the index once")
         self._seal_pending()
-        if self._segments:
+        if len(self._segments) > 1 or self._dead_postings:
             self._merge()
-        else:
+        elif not self._segments:
             self._segments = [Segment.build(*(np.zeros(0, dtype=np.int32),) * 3)]
         segment = self._segments[0]
         # Renumber: our row -> its place in `order`.
@@ -429,11 +432,13 @@ class BM25Index:
         """The .npz of postings (our term ids, final rows, counts) and the rows' lengths: token
         ids become their place in sorted order, postings sorted by (token, row)."""
         used = np.flatnonzero(np.bincount(terms, minlength=len(self._tokens)))
-        names = [self._tokens[t] for t in used.tolist()]
-        by_name = np.argsort(np.asarray(names, dtype=object), kind="stable") if names else \
-            np.zeros(0, dtype=np.int64)
-        new_term = np.full(max(len(self._tokens), 1), -1, dtype=np.int64)
-        new_term[used[by_name]] = np.arange(len(used))
+        tokens = self._tokens
+        names = sorted(tokens[t] for t in used.tolist())  # one sort of the names (str order)
+        # The used ids in name order (the vocabulary maps each name back to its id).
+        by_name = np.fromiter(map(self._vocabulary.__getitem__, names), dtype=np.int64,
+                              count=len(names))
+        new_term = np.full(max(len(tokens), 1), -1, dtype=np.int64)
+        new_term[by_name] = np.arange(len(used))
         canonical = Segment.build(new_term[terms].astype(np.int32), rows.astype(np.int32),
                                   counts)
         offsets = np.zeros(len(used) + 1, dtype=np.int64)
@@ -443,7 +448,7 @@ class BM25Index:
         np.savez(
             buffer,
             tokenizer=np.frombuffer(TOKENIZER.encode("utf-8"), dtype=np.uint8),
-            vocabulary=np.frombuffer("\n".join(sorted(names)).encode("utf-8"), dtype=np.uint8),
+            vocabulary=np.frombuffer("\n".join(names).encode("utf-8"), dtype=np.uint8),
             lengths=np.asarray(lengths, dtype=np.int32),
             offsets=offsets,
             rows=canonical.rows,

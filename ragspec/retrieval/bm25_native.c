@@ -533,10 +533,6 @@ int64_t ragspec_vocab_add(void *handle, const char *buf, const int64_t *starts, 
     return 0;
 }
 
-static int compare_ids(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
 
 static inline int is_word(unsigned char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
@@ -554,11 +550,12 @@ int64_t ragspec_tokenize_count(void *handle, const char *buf, const int64_t *end
                                int32_t *counts, int32_t *lengths, int32_t *distinct,
                                int64_t *new_at, int64_t *new_len, int64_t *n_new) {
     vocab_t *v = handle;
-    int64_t out = 0, fresh = 0, ids_cap = 256;
+    int64_t out = 0, fresh = 0, ids_cap = 256, tab_cap = 1024;
     int32_t *ids = malloc(ids_cap * sizeof *ids);
+    int64_t *tab = calloc(tab_cap, sizeof *tab);
     char *word = malloc(256);
     int64_t word_cap = 256;
-    if (!ids || !word) { free(ids); free(word); return -1; }
+    if (!ids || !word || !tab) { free(ids); free(word); free(tab); return -1; }
     int64_t pos = 0;
     for (int64_t t = 0; t < n; t++) {
         int64_t end = ends[t], held = 0;
@@ -570,7 +567,7 @@ int64_t ragspec_tokenize_count(void *handle, const char *buf, const int64_t *end
             int64_t len = pos - start;
             if (len > word_cap) {
                 char *bigger = realloc(word, len);
-                if (!bigger) { free(ids); free(word); return -1; }
+                if (!bigger) { free(ids); free(word); free(tab); return -1; }
                 word = bigger;
                 word_cap = len;
             }
@@ -582,37 +579,57 @@ int64_t ragspec_tokenize_count(void *handle, const char *buf, const int64_t *end
             int64_t id = find_token(v, word, len, h);
             if (id < 0) {
                 id = insert_token(v, word, len, h);
-                if (id < 0) { free(ids); free(word); return -1; }
+                if (id < 0) { free(ids); free(word); free(tab); return -1; }
                 new_at[fresh] = start;
                 new_len[fresh] = len;
                 fresh++;
             }
             if (held == ids_cap) {
                 int32_t *bigger = realloc(ids, 2 * ids_cap * sizeof *ids);
-                if (!bigger) { free(ids); free(word); return -1; }
+                if (!bigger) { free(ids); free(word); free(tab); return -1; }
                 ids = bigger;
                 ids_cap *= 2;
             }
             ids[held++] = (int32_t)id;
         }
         pos = end;
-        qsort(ids, held, sizeof *ids, compare_ids);
-        int64_t kinds = 0;
-        for (int64_t i = 0; i < held;) {
-            int64_t j = i + 1;
-            while (j < held && ids[j] == ids[i]) j++;
-            terms[out] = ids[i];
-            rows[out] = rows_of[t];
-            counts[out] = (int32_t)(j - i);
-            out++;
-            kinds++;
-            i = j;
+        /* Count the text's ids in a small hash table of its own (cleared after the text): each
+         * distinct id gets a posting, in the order of first appearance (a caller sorts them). */
+        if (2 * held > tab_cap) {
+            int64_t cap = tab_cap;
+            while (cap < 2 * held) cap *= 2;
+            free(tab);
+            tab = calloc(cap, sizeof *tab);
+            if (!tab) { free(ids); free(word); free(tab); return -1; }
+            tab_cap = cap;
+        }
+        uint32_t mask = (uint32_t)tab_cap - 1;
+        int64_t first = out;
+        for (int64_t i = 0; i < held; i++) {
+            uint32_t id = (uint32_t)ids[i], k = (id * 2654435761u) & mask;
+            while (tab[k] && terms[tab[k] - 1] != (int32_t)id) k = (k + 1) & mask;
+            if (tab[k]) {
+                counts[tab[k] - 1]++;
+            } else {
+                tab[k] = out + 1; /* the posting's place + 1 (0: empty) */
+                terms[out] = (int32_t)id;
+                rows[out] = rows_of[t];
+                counts[out] = 1;
+                out++;
+            }
+        }
+        int64_t kinds = out - first;
+        for (int64_t p = first; p < out; p++) { /* clear the slots this text took */
+            uint32_t k = ((uint32_t)terms[p] * 2654435761u) & mask;
+            while (tab[k] != p + 1) k = (k + 1) & mask;
+            tab[k] = 0;
         }
         lengths[t] = (int32_t)held;
         distinct[t] = (int32_t)kinds;
     }
     free(ids);
     free(word);
+    free(tab);
     *n_new = fresh;
     return out;
 }

@@ -45,16 +45,24 @@ class Segment:
     _top_row: int | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, terms: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> Segment:
+    def build(cls, terms: np.ndarray, rows: np.ndarray, counts: np.ndarray, *,
+              runs: bool = False) -> Segment:
+        """The segment of these postings, in any order. `runs`: they are a few runs each
+        sorted by (term, row) already (segments being merged), which a stable sort (timsort)
+        merges in linear time, ~4x faster than sorting them afresh."""
         # One sort of (term, row) packed in an int64 (both are non-negative int32 values): the
         # order lexsort gives, faster. A (term, row) pair is never there twice (each row's
-        # postings come from one place), so the sort need not be stable.
-        order = np.argsort(terms.astype(np.int64) << 32 | rows.astype(np.int64))
-        terms, rows, counts = terms[order], rows[order], counts[order]
-        unique, first = np.unique(terms, return_index=True)
-        starts = np.append(first, len(terms)).astype(np.int64)
-        return cls(unique.astype(np.int32), starts, rows.astype(np.int32),
-                   counts.astype(np.int32))
+        # postings come from one place), so any sort gives the same order.
+        order = np.argsort(terms.astype(np.int64) << 32 | rows.astype(np.int64),
+                           kind="stable" if runs else None)
+        terms = np.asarray(terms, dtype=np.int32)[order]
+        rows = np.asarray(rows, dtype=np.int32)[order]
+        counts = np.asarray(counts, dtype=np.int32)[order]
+        # Sorted terms: each new one starts where it differs from the one before.
+        first = np.flatnonzero(terms[1:] != terms[:-1]) + 1
+        starts = np.concatenate([[0] if len(terms) else [], first, [len(terms)]]
+                                ).astype(np.int64)
+        return cls(terms[starts[:-1]], starts, rows, counts)
 
     def find(self, term: int) -> int | None:
         """The term's place in `terms`, or None when this segment does not hold it."""

@@ -174,10 +174,7 @@ def write_snapshot(
     if index.ntotal != len(passages):
         raise AssertionError(f"index has {index.ntotal} rows for {len(passages)} passages")
     faiss_bytes = faiss.serialize_index(index).tobytes()
-    body = "".join(
-        [_line({"type": "document", **doc}) for doc in documents]
-        + [_line({"type": "passage", **p}) for p in passages]
-    ).encode("utf-8")
+    body = _body(documents, passages)
     commit = uuid.uuid4().hex
     header = {
         "format": FORMAT,
@@ -234,8 +231,7 @@ def append_snapshot(
     current = AppendLog(base, "", extents)
     data = {
         "vectors": np.ascontiguousarray(vectors, dtype=np.float32).tobytes(),
-        "lines": "".join([_line({"type": "document", **doc}) for doc in documents]
-                         + [_line({"type": "passage", **p}) for p in passages]).encode("utf-8"),
+        "lines": _body(documents, passages),
         "keywords": keywords,
     }
     extent: dict = {"documents": len(documents), "passages": len(passages)}
@@ -281,6 +277,33 @@ def _cut_back(directory: Path, log: AppendLog) -> None:
 def _line(obj: dict) -> str:
     # ensure_ascii=False keeps non-English text readable (and half the size) in the file.
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def _body(documents: list[dict], passages: list[dict]) -> bytes:
+    """The document lines, then the passage lines, as UTF-8: each line is `_line` of the
+    object with its "type" first."""
+    return "".join([_line({"type": "document", **doc}) for doc in documents]
+                   + [_passage_line(p) for p in passages]).encode("utf-8")
+
+
+# What json.dumps(ensure_ascii=False) quotes every string with (its C encoder, where built).
+_quote = json.encoder.encode_basestring
+_PASSAGE_KEYS = ("id", "doc_id", "page", "start", "text")
+
+
+def _passage_line(p: dict) -> str:
+    """`_line({"type": "passage", **p})`, the same characters, ~8x faster (a passage line
+    was most of an appending commit's time): the strings through json's own quoting, the
+    integers as json writes them. Anything else (other keys, other types) takes `_line`."""
+    page, start = p.get("page"), p.get("start")
+    if (tuple(p) != _PASSAGE_KEYS or type(start) is not int
+            or (page is not None and type(page) is not int)
+            or type(p["id"]) is not str or type(p["doc_id"]) is not str
+            or type(p["text"]) is not str):
+        return _line({"type": "passage", **p})
+    return (f'{{"type":"passage","id":{_quote(p["id"])},"doc_id":{_quote(p["doc_id"])},'
+            f'"page":{"null" if page is None else page},"start":{start},'
+            f'"text":{_quote(p["text"])}}}\n')
 
 
 def recover(directory: Path) -> None:
