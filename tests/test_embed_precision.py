@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from fakes import tiny_sentence_transformer
 
+from ragspec import cpuinfo as cpu_facts
 from ragspec.retrieval import embed_precision
 from ragspec.retrieval.embeddings import Embedder
 from ragspec.retrieval.errors import EmbedderUnavailableError
@@ -38,7 +39,7 @@ def cpuinfo(tmp_path: Path, flags: str) -> Path:
 ])
 def test_auto_takes_bf16_only_where_the_first_cpu_names_native_bf16(tmp_path, flags, want):
     info = cpuinfo(tmp_path, flags)
-    assert embed_precision.cpu_has_bf16(info) is (want == "bf16")
+    assert cpu_facts.has_native_bf16(info) is (want == "bf16")
     for value in (None, "", "auto", " AUTO "):
         assert embed_precision.choose(value, "cpu", info) == want
     assert embed_precision.choose("fp32", "cpu", info) == "fp32"
@@ -94,12 +95,12 @@ def test_auto_follows_the_cpu_and_does_not_try_onnxruntime_where_bf16_runs(
 
     monkeypatch.setenv("RAGSPEC_EMBEDDER_ONNX", "auto")
     monkeypatch.setenv("RAGSPEC_MODEL_CACHE", str(tmp_path))
-    monkeypatch.setattr(embed_precision, "CPUINFO", cpuinfo(tmp_path, "avx2 amx_bf16"))
+    monkeypatch.setattr(cpu_facts, "CPUINFO", cpuinfo(tmp_path, "avx2 amx_bf16"))
     monkeypatch.setattr(OnnxEncoder, "load", lambda *a, **k: pytest.fail("tried onnxruntime"))
     embedder = Embedder(str(tiny_folder))
     assert (embedder.precision, embedder.backend) == ("bf16", "sentence-transformers")
     assert embedder.embed_array(TEXTS).shape == (len(TEXTS), 32)
-    monkeypatch.setattr(embed_precision, "CPUINFO", cpuinfo(tmp_path, "avx2 avx512_vnni"))
+    monkeypatch.setattr(cpu_facts, "CPUINFO", cpuinfo(tmp_path, "avx2 avx512_vnni"))
     assert Embedder(str(tiny_folder), onnx=False).precision == "fp32"
 
 

@@ -1,13 +1,13 @@
-"""Dependencies point one way: the app -> retrieval, decoding -> ragspec.fileio and
-ragspec.paths (leaves).
+"""Dependencies point one way: the app -> retrieval, decoding -> ragspec.fileio,
+ragspec.paths and ragspec.cpuinfo (leaves).
 
 Read from the source (every import statement of every module, also those inside functions), so
 a lazy import cannot hide a dependency:
   * ragspec.decoding imports no other part of ragspec but itself and the leaves, and neither
     LangChain nor FAISS (the engine is torch only);
   * ragspec.retrieval imports no other part of ragspec but itself and the leaves;
-  * the leaves (ragspec.fileio: file writes; ragspec.paths: where the data directory is)
-    import nothing from ragspec;
+  * the leaves (ragspec.fileio: file writes; ragspec.paths: where the data directory is;
+    ragspec.cpuinfo: what the CPU can do) import nothing from ragspec;
   * only ragspec.web imports streamlit;
   * no two modules import each other (a pair that does is one module in two files).
 """
@@ -22,13 +22,14 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ragspec"
 LEAF = "ragspec.fileio"
-LEAVES = (LEAF, "ragspec.paths")
+LEAVES = (LEAF, "ragspec.paths", "ragspec.cpuinfo")
 # layer -> the ragspec modules it may import (itself included)
 ALLOWED = {
     "ragspec.decoding": ("ragspec.decoding", *LEAVES),
     "ragspec.retrieval": ("ragspec.retrieval", *LEAVES),
     LEAF: (),
     "ragspec.paths": (),
+    "ragspec.cpuinfo": (),
 }
 FORBIDDEN_THIRD_PARTY = {"ragspec.decoding": ("langchain", "langchain_core",
                                               "langchain_community", "faiss")}

@@ -157,6 +157,32 @@ def test_prefill_runs_the_fp32_path_and_steps_the_packed_kernel(tiny_tokenizer, 
     assert torch.equal(layer(x[:3]), stepped[:3])
 
 
+@pytest.mark.parametrize("flags, want", [("fpu avx2 avx512f amx_tile amx_bf16", torch.bfloat16),
+                                         ("fpu avx2 avx512_bf16", torch.bfloat16),
+                                         ("fpu avx2 avx512f avx512_vnni", torch.float32)])
+def test_the_prefill_precision_is_a_fact_of_the_cpu_not_a_timing(tmp_path, monkeypatch, flags,
+                                                                  want):
+    """The two precisions read a prompt into different caches (a tiny model answered differently
+    after a restart when a timing picked them), so only the CPU's flags and the override decide."""
+    from ragspec import cpuinfo
+    from ragspec.decoding.packed import PREFILL_ENV, prefill_dtype
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n", encoding="utf-8")
+    monkeypatch.setattr(cpuinfo, "CPUINFO", info)
+    monkeypatch.delenv(PREFILL_ENV, raising=False)
+    try:
+        for _ in range(3):
+            prefill_dtype.cache_clear()
+            assert prefill_dtype() == want
+        for forced, dtype in (("fp32", torch.float32), (" BF16", torch.bfloat16)):
+            monkeypatch.setenv(PREFILL_ENV, forced)
+            prefill_dtype.cache_clear()
+            assert prefill_dtype() == dtype
+    finally:
+        prefill_dtype.cache_clear()
+
+
 # -- GGUF files ----------------------------------------------------------------------------------
 
 def write_llama_gguf(model, path, qtype):

@@ -12,9 +12,11 @@ chosen per forward:
     k one-token steps give: greedy speculation stays exact on packed weights.
   * long forwards (a prompt's prefill) are compute-bound: the weight is de-quantised in tiles
     of rows (exactly as GGUF's own de-quantisation computes it) and multiplied with torch's
-    matmul — in bf16 where this CPU multiplies bf16 natively (measured once per process: at
-    least 1.5x the fp32 rate, e.g. AVX512-BF16 or AMX), else in fp32; RAGSPEC_PREFILL_DTYPE=
-    fp32|bf16 overrides. Exception: with RAGSPEC_AMX=1 on a CPU with AMX (Intel's int8 tile
+    matmul — in bf16 where the CPU's flags name a native bf16 instruction set (AVX512-BF16 or
+    AMX-BF16, ragspec.cpuinfo; where they do, bf16 products ran 3.7-6.5x the fp32 rate on a
+    2-core Xeon), else in fp32; RAGSPEC_PREFILL_DTYPE=fp32|bf16 overrides. A fact of the CPU and
+    not a timing, because the two precisions read a prompt into slightly different caches: a
+    choice that a busy moment could flip would change the answer after a restart. Exception: with RAGSPEC_AMX=1 on a CPU with AMX (Intel's int8 tile
     unit, usable when `torch.ops.ragspec.amx_available()`), tiled weights take the step path at
     every row count, where the kernel multiplies the int8 activations on the tile unit
     (native/amx.h), with the same bits a step gives. Off by default: whole prompt reads measured
@@ -37,7 +39,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+
+from ragspec import cpuinfo
 
 # Format name -> (code the kernels use, values per block, bytes per block).
 FORMATS: dict[str, tuple[int, int, int]] = {
@@ -86,19 +89,7 @@ def prefill_dtype() -> torch.dtype:
     forced = os.environ.get(PREFILL_ENV, "").strip().lower()
     if forced in ("fp32", "bf16"):
         return torch.bfloat16 if forced == "bf16" else torch.float32
-    a, b = torch.randn(256, 1024), torch.randn(1024, 1024)
-
-    def best(x, y) -> float:
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    fp32 = best(a, b)
-    bf16 = best(a.bfloat16(), b.bfloat16())
-    return torch.bfloat16 if 1.5 * bf16 < fp32 else torch.float32
+    return torch.bfloat16 if cpuinfo.has_native_bf16() else torch.float32
 
 
 def _is_step(rows: int) -> bool:

@@ -4,8 +4,8 @@ Contract: `choose(setting, device, cpuinfo)` is the one place that decides. RAGS
 (or `Embedder(dtype=...)`) is the setting:
 
   auto (also unset)  bf16 when the model runs on the CPU and /proc/cpuinfo's flags name
-                     avx512_bf16 or amx_bf16 (the instructions oneDNN uses for bf16 matrix
-                     products); fp32 on a GPU, on a CPU without them, or where there is no
+                     avx512_bf16 or amx_bf16 (ragspec.cpuinfo.has_native_bf16: the
+                     instructions oneDNN uses for bf16 matrix products); fp32 on a GPU, on a CPU without them, or where there is no
                      /proc/cpuinfo to read
   fp32               always fp32
   bf16               bf16 on the CPU even without those flags (slow there: emulated); a GPU
@@ -25,25 +25,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ragspec import cpuinfo as cpuinfo_facts
+
 ENV_VAR = "RAGSPEC_EMBEDDER_DTYPE"
 SETTINGS = ("auto", "fp32", "bf16")
-NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")
-CPUINFO = Path("/proc/cpuinfo")
 TOLERANCE_COSINE = 0.999
 _MARK = "_ragspec_bf16"
-
-
-def cpu_has_bf16(cpuinfo: Path | None = None) -> bool:
-    """Whether the first `flags` line of `cpuinfo` (default: CPUINFO) names a native bf16
-    instruction set."""
-    try:
-        text = (cpuinfo or CPUINFO).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return any(flag in line.split(":", 1)[-1].split() for flag in NATIVE_FLAGS)
-    return False
 
 
 def setting(value: str | None) -> str:
@@ -59,7 +46,7 @@ def choose(value: str | None, device: str, cpuinfo: Path | None = None) -> str:
     value = setting(value)
     if device != "cpu" or value == "fp32":
         return "fp32"
-    return "bf16" if value == "bf16" or cpu_has_bf16(cpuinfo) else "fp32"
+    return "bf16" if value == "bf16" or cpuinfo_facts.has_native_bf16(cpuinfo) else "fp32"
 
 
 def compute_in_bf16(model) -> None:

@@ -1,0 +1,36 @@
+"""What this machine's CPU can do, read from /proc/cpuinfo: facts, never timings.
+
+Contract: `flags(cpuinfo)` is the set of flags the first processor lists (empty where there is
+no such file or no x86 `flags` line); `has_native_bf16(cpuinfo)` says whether they name an
+instruction set that multiplies bfloat16 natively (avx512_bf16, amx_bf16: what oneDNN uses for
+torch's bf16 matrix products). `cpuinfo` defaults to CPUINFO, read at each call (tests point it
+at a file of their own).
+
+Choices that change a result's bits (the prefill's precision, the embedder's) are made from
+these facts and not from a timing: a timing taken while the machine is busy can go either way,
+and the same model would then answer a question differently after a restart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CPUINFO = Path("/proc/cpuinfo")
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
+
+
+def flags(cpuinfo: Path | None = None) -> frozenset[str]:
+    """The flags of the first `flags` line of `cpuinfo` (default: CPUINFO)."""
+    try:
+        text = (cpuinfo or CPUINFO).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[-1].split())
+    return frozenset()
+
+
+def has_native_bf16(cpuinfo: Path | None = None) -> bool:
+    """Whether the CPU multiplies bfloat16 natively (see the module docstring)."""
+    return not flags(cpuinfo).isdisjoint(NATIVE_BF16)
