@@ -41,13 +41,25 @@ def _random(shape: str, mix: str):
     from ragspec.decoding.attention import install
 
     native.ops(paths.models_dir())
-    model = packing.build(None, random_entries(shape, mix),
+    model = packing.build(None, _tiled(random_entries(shape, mix)),
                           packing.meta_model_from_config(config(shape)))
     install(model, native=True)
     reason = native_step.install(model)
     if reason is not None:
         sys.exit(f"no native step for {shape}: {reason}")
     return model
+
+
+def _tiled(entries: dict) -> dict:
+    """The entries with their weights tiled, as the packed file stores them and the product
+    runs them (a weight shared by two names stays one)."""
+    from ragspec.decoding.packed import PackedWeight, tile
+
+    done: dict[int, object] = {}
+    for name, value in entries.items():
+        if isinstance(value, PackedWeight):
+            entries[name] = done.setdefault(id(value), tile(value))
+    return entries
 
 
 class _TimedOps:

@@ -82,9 +82,6 @@ inline void tiled_row(int fmt, const uint8_t* data, int64_t n, int64_t row_bytes
 
 namespace tiled {
 
-#ifndef RS_TILE_AHEAD
-#define RS_TILE_AHEAD 8192
-#endif
 
 static inline __m512i bcast4(const int8_t* p) {
   int32_t v;
@@ -205,23 +202,35 @@ static inline __attribute__((always_inline)) void rows_block(const __m512i* w, _
   }
 }
 
-constexpr int64_t kAhead = RS_TILE_AHEAD;  // bytes of a tile requested ahead of the kernel
+// How far ahead of the kernel a tile's bytes are requested, and into which cache. Measured on a
+// 2-core Xeon (AVX-512, AMX; scripts/kernel_bench.py --copies 24: SmolLM2-1.7B-shaped weights
+// streaming from memory): requests into L2 (prefetcht1) 2 KiB ahead made one-row products
+// 1.08-1.36x faster than requests into L1 8 KiB ahead (Q8_0 least, Q4_0 most: those fill L1's
+// few miss buffers and stall the loads the kernel waits on), two-row products 1.07-1.33x, and
+// 4-8 rows 1.02-1.21x, except for Q6_K, whose decoding makes 4 or more rows compute-bound:
+// there lines wanted in L1 well ahead were 1.18-1.25x faster, so it keeps them. Weights that fit
+// in the last cache (135M-shaped) ran the same either way.
+template <int FMT>
+constexpr bool into_l1(int64_t rows) { return FMT == Q6_K && rows >= 4; }
+template <int FMT>
+constexpr int64_t ahead_bytes(int64_t rows) { return into_l1<FMT>(rows) ? 8192 : 2048; }
 
 // One tile (16 columns), activation rows r0..r0+R, columns lo..hi of the tile written to
 // y[row * ldy + c] (y points at the tile's first column).
-// `ahead`: the first byte not yet requested (t for the first tile of a run, t + kAhead for the
-// tiles after it, whose head the previous tile requested: a thread's tiles are consecutive).
+// `ahead`: the first byte not yet requested (t for the first tile of a run, t + ahead_bytes for
+// the tiles after it, whose head the previous tile requested: a thread's tiles are consecutive).
 template <int FMT, int R>
 static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int64_t r0, float* y,
                  int64_t ldy, __mmask16 cols, const uint8_t* ahead) {
   constexpr int BB = block_bytes(FMT), PB = block_elems(FMT) / 32;
   constexpr bool KQ = FMT == Q4_K || FMT == Q5_K, Q5 = FMT == Q5_0 || FMT == Q5_1;
+  constexpr int64_t kAhead = ahead_bytes<FMT>(R);
   const int64_t blocks = row_bytes / BB;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   __m512 sc[16], mn[8];
   // A run of tiles is one contiguous stretch of bytes, read once from memory: a cursor keeps
-  // every cache line up to kAhead bytes past the group being decoded requested, across the end
+  // every cache line up to `kAhead` bytes past the group being decoded requested, across the end
   // of the tile into the next (a block's fields are not read in address order, which the
   // hardware prefetchers follow poorly on their own; a request past the weight is harmless).
   for (int64_t b = 0; b < blocks; ++b) {
@@ -231,7 +240,13 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
     for (int j = 0; j < PB; ++j) {
       const int64_t g = b * PB + j;
       const uint8_t* want = tb + (j + 1) * (kTileRows * BB / PB) + kAhead;
-      for (; ahead < want; ahead += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+      for (; ahead < want; ahead += 64) {
+        if constexpr (into_l1<FMT>(R)) {
+          _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+        } else {
+          _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T1);
+        }
+      }
       __m512i w[8];
       __m512 s0, s1 = _mm512_setzero_ps(), off = _mm512_setzero_ps();
       if (FMT == Q4_0 || FMT == Q4_1) {
@@ -294,8 +309,10 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
 template <int FMT>
 static void tile_rows(const uint8_t* t, int64_t row_bytes, const Activations& x, float* y,
                       int64_t ldy, __mmask16 cols, bool first) {
-  const uint8_t* ahead = first ? t : t + kAhead;
-  const uint8_t* done = t + kTileRows * row_bytes + kAhead;  // nothing left to request
+  // the first chunk's rows decide how far ahead the previous tile of the run requested
+  const int64_t reach = ahead_bytes<FMT>(std::min<int64_t>(x.m, 16));
+  const uint8_t* ahead = first ? t : t + reach;
+  const uint8_t* done = t + kTileRows * row_bytes + reach;  // nothing left to request
   int64_t r = 0;
   for (; r + 16 <= x.m; r += 16, ahead = done) tile<FMT, 16>(t, row_bytes, x, r, y, ldy, cols, ahead);
   switch (x.m - r) {
