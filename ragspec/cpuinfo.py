@@ -1,7 +1,9 @@
 """What this machine's CPU can do, read from /proc/cpuinfo: facts, never timings.
 
-Contract: `flags(cpuinfo)` is the set of flags the first processor lists (empty where there is
-no such file or no x86 `flags` line); `has_native_bf16(cpuinfo)` says whether they name an
+Contract: `field(name, cpuinfo)` is the value of `name` for the first processor (None where
+there is no such file, as on macOS or Windows, or no such field); `flags(cpuinfo)` is the set
+of flags the first processor lists (empty where there is no x86 `flags` line: ARM says
+"Features"); `has_native_bf16(cpuinfo)` says whether they name an
 instruction set that multiplies bfloat16 natively (avx512_bf16, amx_bf16: what oneDNN uses for
 torch's bf16 matrix products). `cpuinfo` defaults to CPUINFO, read at each call (tests point it
 at a file of their own).
@@ -19,16 +21,22 @@ CPUINFO = Path("/proc/cpuinfo")
 NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
 
 
-def flags(cpuinfo: Path | None = None) -> frozenset[str]:
-    """The flags of the first `flags` line of `cpuinfo` (default: CPUINFO)."""
+def field(name: str, cpuinfo: Path | None = None) -> str | None:
+    """The value of `name` for the first processor in `cpuinfo` (default: CPUINFO)."""
     try:
         text = (cpuinfo or CPUINFO).read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[-1].split())
-    return frozenset()
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+            return value.strip()
+    return None
+
+
+def flags(cpuinfo: Path | None = None) -> frozenset[str]:
+    """The flags of the first processor in `cpuinfo` (default: CPUINFO)."""
+    return frozenset((field("flags", cpuinfo) or "").split())
 
 
 def has_native_bf16(cpuinfo: Path | None = None) -> bool:

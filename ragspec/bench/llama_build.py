@@ -25,7 +25,8 @@ over `-march=native` whatever their order on the command line.
 `make bench-anchors` runs both around `pip install`; without the checkout:
     CMAKE_ARGS="$(python -m ragspec.bench.llama_build flags)" \\
         pip install --no-binary llama-cpp-python 'ragspec[bench]'
-Standard library only: it runs before llama.cpp is installed, and imports nothing else.
+Standard library only (and ragspec.cpuinfo, which is too): it runs before llama.cpp is
+installed, and imports nothing else.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-CPUINFO = Path("/proc/cpuinfo")
+from ragspec import cpuinfo as cpu_facts
+
+CPUINFO = cpu_facts.CPUINFO
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 # ggml's name for a compiled-in feature (llama_print_system_info) -> the /proc/cpuinfo flag a CPU
@@ -53,30 +56,16 @@ FEATURE_FLAGS = {
 }
 
 
-def _first(cpuinfo: Path, field: str) -> str | None:
-    """The value of `field` for the first processor in `cpuinfo`; None where there is no such
-    file (macOS, Windows) or no such field."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == field:
-            return value.strip()
-    return None
-
-
 def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str] | None:
     """The flags of the first processor in `cpuinfo`, or None where there is no such file
     (macOS, Windows) or it lists no x86 flags (ARM says "Features")."""
-    flags = _first(cpuinfo, "flags")
+    flags = cpu_facts.field("flags", cpuinfo)
     return None if flags is None else set(flags.split())
 
 
 def cpu_name(cpuinfo: Path = CPUINFO) -> str | None:
     """The first processor's model name in `cpuinfo` (None where it says none)."""
-    return _first(cpuinfo, "model name")
+    return cpu_facts.field("model name", cpuinfo)
 
 
 def reports_amx(flags: set[str] | None) -> bool:

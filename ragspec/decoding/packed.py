@@ -16,10 +16,11 @@ chosen per forward:
     AMX-BF16, ragspec.cpuinfo; where they do, bf16 products ran 3.7-6.5x the fp32 rate on a
     2-core Xeon), else in fp32; RAGSPEC_PREFILL_DTYPE=fp32|bf16 overrides. A fact of the CPU and
     not a timing, because the two precisions read a prompt into slightly different caches: a
-    choice that a busy moment could flip would change the answer after a restart. Exception: with RAGSPEC_AMX=1 on a CPU with AMX (Intel's int8 tile
-    unit, usable when `torch.ops.ragspec.amx_available()`), tiled weights take the step path at
-    every row count, where the kernel multiplies the int8 activations on the tile unit
-    (native/amx.h), with the same bits a step gives. Off by default: whole prompt reads measured
+    choice that a busy moment could flip would change the answer after a restart.
+    Exception: with RAGSPEC_AMX=1 on a CPU with AMX (Intel's int8 tile unit, usable when
+    `torch.ops.ragspec.amx_available()`), tiled weights take the step path at every row count,
+    where the kernel multiplies the int8 activations on the tile unit (native/amx.h), with the
+    same bits a step gives. Off by default: whole prompt reads measured
     faster on the de-quantising path at three of four shapes and formats on one Xeon.
     Prefill runs the same way whether speculation is on or off, so it does not affect exactness.
 

@@ -5,8 +5,8 @@ Contract: `choose(setting, device, cpuinfo)` is the one place that decides. RAGS
 
   auto (also unset)  bf16 when the model runs on the CPU and /proc/cpuinfo's flags name
                      avx512_bf16 or amx_bf16 (ragspec.cpuinfo.has_native_bf16: the
-                     instructions oneDNN uses for bf16 matrix products); fp32 on a GPU, on a CPU without them, or where there is no
-                     /proc/cpuinfo to read
+                     instructions oneDNN uses for bf16 matrix products); fp32 on a GPU, on a
+                     CPU without them, or where there is no /proc/cpuinfo to read
   fp32               always fp32
   bf16               bf16 on the CPU even without those flags (slow there: emulated); a GPU
                      still gets fp32

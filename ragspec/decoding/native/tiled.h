@@ -82,7 +82,6 @@ inline void tiled_row(int fmt, const uint8_t* data, int64_t n, int64_t row_bytes
 
 namespace tiled {
 
-
 static inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
