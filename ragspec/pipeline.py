@@ -26,7 +26,13 @@ from dataclasses import dataclass, field, replace
 
 from ragspec.decoding.engine import GenerationStream, Generator
 from ragspec.decoding.model import chat_prompt_text
-from ragspec.decoding.types import GenerationConfig, GenerationResult, RepeatConfig, SourceRegion
+from ragspec.decoding.types import (
+    ANSWER_REPEAT,
+    GenerationConfig,
+    GenerationResult,
+    RepeatConfig,
+    SourceRegion,
+)
 from ragspec.describe import copied_ranges, source_label
 from ragspec.prompts import DEFAULT_PROMPT, PROMPTS
 from ragspec.retrieval.store import SEARCH_MODES, Passage
@@ -52,9 +58,6 @@ __all__ = ["Pipeline", "PipelineConfig", "PreparedPrompt", "Answer", "NoDocument
 # The instruction (ragspec.prompts): passages in the user turn, the question last.
 SYSTEM_PROMPT = PROMPTS[DEFAULT_PROMPT].system
 QUESTION_SUFFIX = PROMPTS[DEFAULT_PROMPT].after_question
-# How answers end when they start repeating themselves (chosen with `ragspec eval` on
-# data/realdocs/dev; README, "Answer quality").
-ANSWER_REPEAT = RepeatConfig(stop_ngram=8, stop_count=2)
 
 
 @dataclass

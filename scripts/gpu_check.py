@@ -22,6 +22,12 @@ instead of aborting the others:
   faiss           a GPU FAISS index returns the same top-k as the CPU index (skipped, with the
                   reason, when faiss has no GPU support).
 
+A GPU machine that cannot hold the embedder or the retrieval stack (a machine lent for minutes,
+with little room for files) takes the prompts from a file: `--save-prompts FILE` (here, where the
+embedder is) builds them with the real pipeline and the device's limits and stops;
+`--prompts FILE` (there) uses them instead of ingesting. The file records the tokenizer it was
+built with, and a different one is refused.
+
 A time budget (--budget-s, default 360 s of generation; loading and the first conversion of the
 bundled model come on top) keeps the whole run under 8 minutes: identity may use a quarter of it,
 divergence three tenths, the speed table what is left; a section that runs out stops starting
@@ -63,8 +69,10 @@ def log(message: str) -> None:
 class Check:
     """Shared state: the device, limits, the deadline, loaded models and prepared prompts."""
 
-    def __init__(self, device: str, budget_s: float, limits: dict, models: list[str] | None):
+    def __init__(self, device: str, budget_s: float, limits: dict, models: list[str] | None,
+                 saved_prompts: dict | None = None):
         self.device, self.limits, self.models = device, limits, models
+        self.saved_prompts = saved_prompts  # a --prompts file's contents (bundled model only)
         self.budget_s = budget_s
         self.deadline = self.section_deadline = time.monotonic() + budget_s
         self._loaded: dict = {}
@@ -72,6 +80,10 @@ class Check:
         self._stores: dict = {}
         self._embedder = None
         self.index_dir = tempfile.mkdtemp(prefix="ragspec-gpu-check-")
+
+    def restart_clock(self) -> None:
+        """The budget counts from now: loading and converting models come on top of it."""
+        self.deadline = self.section_deadline = time.monotonic() + self.budget_s
 
     def start_section(self, share: float | None) -> None:
         """The next section may use `share` of the whole budget (None: what is left)."""
@@ -116,11 +128,14 @@ class Check:
                 sets: tuple[str, ...] = ("data", "data/bench")) -> list:
         """ragspec.bench.runner.Prepared prompts of the bundled sets (`limit` questions per set), built by
         the real pipeline with this model's tokenizer."""
-        from ragspec.bench.runner import Prepared, load_questions
-        from ragspec.pipeline import Pipeline, PipelineConfig
-
         key = (spec, limit, sets)
+        if key not in self._prompts and spec is None and self.saved_prompts is not None:
+            self._prompts[key] = prompts_from_file(self.saved_prompts, generator, limit, sets)
+            log(f"{len(self._prompts[key])} prompts read from the prompt file")
         if key not in self._prompts:
+            from ragspec.bench.runner import Prepared, load_questions
+            from ragspec.pipeline import Pipeline, PipelineConfig
+
             limits = self.limits
             config = PipelineConfig(k=limits["passages"], max_new_tokens=limits["new_tokens"],
                                     max_prompt_tokens=limits["max_prompt_tokens"])
@@ -135,6 +150,55 @@ class Check:
             log(f"{len(prepared)} prompts ready")
             self._prompts[key] = prepared
         return self._prompts[key]
+
+
+def tokenizer_fingerprint(generator) -> str:
+    """What a prompt file's ids depend on: the tokenizer's vocabulary and chat template."""
+    import hashlib
+
+    tok = generator.tokenizer
+    vocab = sorted(tok.get_vocab().items())
+    text = json.dumps([vocab, getattr(tok, "chat_template", None)], ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def prompts_to_file(by_set: dict[str, list], generator, limits: dict) -> dict:
+    """What --save-prompts writes: {set name: [Prepared]} with the tokenizer's fingerprint."""
+    from dataclasses import asdict
+
+    items = [{"set": name, "question": asdict(item.question), "prompt_ids": item.prompt_ids,
+              "sources": [asdict(s) for s in item.sources]}
+             for name, prepared in by_set.items() for item in prepared]
+    return {"tokenizer": tokenizer_fingerprint(generator), "limits": limits, "prompts": items}
+
+
+def save_prompts(check: Check, path: Path) -> int:
+    """Write the bundled model's prompts of both sets, built by the real pipeline with the
+    check's limits, to `path`; returns how many."""
+    _loaded, gen = check.generator(None, exact=False)
+    by_set = {name: check.prompts(None, gen, None, sets=(name,)) for name, _c, _q in SETS}
+    path.write_text(json.dumps(prompts_to_file(by_set, gen, check.limits)) + "\n")
+    return sum(map(len, by_set.values()))
+
+
+def prompts_from_file(saved: dict, generator, limit: int | None, sets: tuple[str, ...]) -> list:
+    """The Prepared prompts of a --save-prompts file (the first `limit` per set)."""
+    from ragspec.bench.runner import Prepared, Question
+    from ragspec.decoding.types import SourceRegion
+
+    if saved["tokenizer"] != tokenizer_fingerprint(generator):
+        raise SystemExit("the prompt file was built with another tokenizer than this model's: "
+                         "build it again with --save-prompts for this model")
+    out, per_set = [], {}
+    for item in saved["prompts"]:
+        if item["set"] not in sets or (limit is not None and per_set.get(item["set"], 0) >= limit):
+            continue
+        per_set[item["set"]] = per_set.get(item["set"], 0) + 1
+        q = dict(item["question"], answers=tuple(item["question"]["answers"]))
+        sources = tuple(SourceRegion(**dict(s, char_offsets=tuple(map(tuple, s["char_offsets"]))))
+                        for s in item["sources"])
+        out.append(Prepared(Question(**q), list(item["prompt_ids"]), sources))
+    return out
 
 
 def hf_greedy(generator, prompt_ids: list[int], new_tokens: int) -> list[int]:
@@ -283,9 +347,14 @@ def cached_instruct_models(limit: int) -> list[str]:
     if limit <= 0:
         return []
     from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
 
     found = []
-    for repo in scan_cache_dir().repos:
+    try:
+        repos = scan_cache_dir().repos
+    except CacheNotFound:  # no Hugging Face cache on this machine: the bundled model alone
+        return []
+    for repo in repos:
         if repo.repo_type != "model":
             continue
         for rev in repo.revisions:
@@ -326,9 +395,12 @@ def section_sampling(check: Check) -> dict:
 
 
 def section_faiss(check: Check) -> dict:
-    import faiss
     import numpy as np
 
+    try:
+        import faiss
+    except ImportError as exc:
+        return {"skipped": f"faiss is not installed here ({exc})"}
     if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
         return {"skipped": "faiss has no GPU support here (faiss-cpu build or no GPU)"}
     rng = np.random.default_rng(0)
@@ -376,11 +448,33 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra model for the speed table (repeatable; default: larger "
                              "instruct models found in the local Hugging Face cache)")
     parser.add_argument("--out", default=None, help="also write the JSON to this file")
+    parser.add_argument("--save-prompts", type=Path, default=None, metavar="FILE",
+                        help="build the bundled model's prompts for --device's limits here "
+                             "(with the embedder), write them to FILE and stop")
+    parser.add_argument("--prompts", type=Path, default=None, metavar="FILE",
+                        help="take the bundled model's prompts from a --save-prompts FILE "
+                             "instead of ingesting the sets")
+    parser.add_argument("--sections", default=None,
+                        help="run only these sections (comma-separated names)")
     args = parser.parse_args(argv)
     kind = "cuda" if args.device.startswith("cuda") else "cpu"
-    check = Check(args.device, args.budget_s, LIMITS[kind], args.models)
+    saved = json.loads(args.prompts.read_text()) if args.prompts else None
+    if args.save_prompts:
+        # built on this machine's device, with the limits of the device named
+        check = Check("cpu", args.budget_s, LIMITS[kind], args.models)
+        log(f"{save_prompts(check, args.save_prompts)} prompts written to {args.save_prompts}")
+        return 0
+    check = Check(args.device, args.budget_s, LIMITS[kind], args.models, saved)
     report = {"check": "ragspec gpu_check", "device": args.device, "limits": check.limits}
+    for exact in (True, False):  # loaded (and the GGUF converted) before the budget starts
+        report.setdefault("load_errors", [])
+        result = run_section(lambda exact=exact: {"loaded": check.generator(None, exact)[0].name})
+        if "error" in result:
+            report["load_errors"].append(result["error"])
+    check.restart_clock()
     for name, (fn, share) in SECTIONS.items():
+        if args.sections and name not in args.sections.split(","):
+            continue
         log(f"section {name}")
         check.start_section(share)
         report[name] = run_section(lambda fn=fn: fn(check))

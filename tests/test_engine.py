@@ -284,13 +284,14 @@ def test_a_wrong_accept_rule_fails_the_distribution_check(tiny_tokenizer, monkey
     (a classic bug) over-weights drafts and is caught."""
     from conftest import make_tiny_model
 
-    def buggy(logits, draft, cfg, generator):
+    def buggy(logits, draft, cfg, uniforms):
         probs = sampling_mod.target_probs(logits, cfg)
+        rng = random.Random(int(uniforms[0] * 2**53))
         for i, t in enumerate(draft):
-            if torch.rand(1, generator=generator).item() < float(probs[i, t]):
+            if rng.random() < float(probs[i, t]):
                 continue
-            return i, sampling_mod.sample(probs[i], generator)
-        return len(draft), sampling_mod.sample(probs[len(draft)], generator)
+            return i, sampling_mod.sample(probs[i], rng.random())
+        return len(draft), sampling_mod.sample(probs[len(draft)], rng.random())
 
     import ragspec.decoding.engine as engine_mod
 
@@ -303,6 +304,38 @@ def test_a_wrong_accept_rule_fails_the_distribution_check(tiny_tokenizer, monkey
     best = max(exact, key=exact.get)
     tv = sampled_tv(gen, prompt, cfg, list(best), exact, SAMPLES)
     assert tv > TV_BOUND, f"TV distance {tv:.3f} should expose the bug"
+
+
+def test_a_seed_writes_the_same_tokens_with_speculation_on_or_off_and_after_learning(
+        tiny_tokenizer):
+    """The uniform of each output position depends on the seed and the position alone, so the
+    draft policy's state (which persists across calls) and speculation itself change nothing
+    where verify rows equal one-token steps (fp32 tiny model: checked against plain steps)."""
+    from conftest import make_tiny_model
+
+    model = make_tiny_model(len(tiny_tokenizer), seed=1, initializer_range=0.1)
+    gen = Generator(model, tiny_tokenizer, eos_token_ids=[2])
+    prompt = [9, 10, 11, 12, 13] * 6
+    sampling = SamplingConfig(temperature=0.9, top_k=8, seed=77)
+    plain = gen.generate(prompt, GenerationConfig(max_new_tokens=40, sampling=sampling,
+                                                  draft=DraftConfig(enabled=False)))
+    runs = [gen.generate(prompt, GenerationConfig(max_new_tokens=40, sampling=sampling))
+            for _ in range(3)]
+    assert sum(r.stats.drafted_tokens for r in runs) > 0  # drafts were verified and judged
+    for run in runs:
+        assert run.token_ids == plain.token_ids
+    other = gen.generate(prompt, GenerationConfig(max_new_tokens=40, sampling=replace(
+        sampling, seed=78), draft=DraftConfig(enabled=False)))
+    assert other.token_ids != plain.token_ids
+
+
+def test_the_inverse_cdf_draw_never_picks_a_zero_weight_token_and_follows_u():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]])
+    picks = [int(sampling_mod.draw(probs, [u])[0]) for u in (0.0, 0.49, 0.5, 0.79, 0.8,
+                                                               1 - 2**-53)]
+    assert picks == [1, 1, 3, 3, 4, 4]
+    # unnormalised rows: the same tokens
+    assert int(sampling_mod.draw(probs * 7, [0.79])[0]) == 3
 
 
 def test_stop_ends_the_stream_at_the_next_step_and_keeps_what_was_written(tiny_model, tiny_tokenizer):

@@ -70,3 +70,33 @@ def test_a_failing_section_reports_its_error_and_the_rest_still_run():
     result = gpu_check.run_section(lambda: {}["missing"])
     assert result["error"].startswith("KeyError") and "seconds" in result
     assert gpu_check.run_section(lambda: {"ok": True})["ok"] is True
+
+
+def test_a_prompt_file_gives_back_the_prompts_and_refuses_another_tokenizer(tiny_tokenizer):
+    """--save-prompts / --prompts: the prompts a GPU machine reads are the ones built here,
+    sources included; a file built with another tokenizer is refused."""
+    import copy
+    import types
+
+    from ragspec.bench.runner import Prepared, Question
+    from ragspec.decoding.types import SourceRegion
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    gen = types.SimpleNamespace(tokenizer=tiny_tokenizer)
+    region = SourceRegion(3, 5, 0, ((0, 4), (4, 9)))
+    by_set = {"data": [Prepared(Question("q1", "why?", answers=("because",)), [1, 2, 3, 4, 5],
+                                (region,)),
+                       Prepared(Question("q2", "how?", kind="other"), [7, 8], ())],
+              "data/bench": [Prepared(Question("b1", "what?"), [9], ())]}
+    saved = json.loads(json.dumps(gpu_check.prompts_to_file(by_set, gen, {"new_tokens": 8})))
+    assert gpu_check.prompts_from_file(saved, gen, None, ("data",)) == by_set["data"]
+    assert gpu_check.prompts_from_file(saved, gen, 1, ("data", "data/bench")) == [
+        by_set["data"][0], by_set["data/bench"][0]]
+    other = copy.deepcopy(tiny_tokenizer)
+    other.chat_template = "{{ messages }}"
+    with pytest.raises(SystemExit, match="another tokenizer"):
+        gpu_check.prompts_from_file(saved, types.SimpleNamespace(tokenizer=other), None, ("data",))

@@ -55,6 +55,31 @@ def test_gemma2_folder_loads_with_its_attention_and_matches_generate(tmp_path, t
     assert got.token_ids == hf_greedy(loaded.model, prompt, 24)
 
 
+def test_attention_on_cuda_never_asks_cudnn_which_plans_every_key_length(monkeypatch):
+    """cuDNN's SDPA builds a graph per new key length (every decode step); on CUDA the
+    attention runs with it switched off, and on the CPU nothing is switched."""
+    import types
+
+    from ragspec.decoding import attention
+
+    seen = []
+
+    def fake_sdpa(module, query, *args, **kwargs):
+        seen.append((query.device.type, torch.backends.cuda.cudnn_sdp_enabled(),
+                     torch.backends.cuda.flash_sdp_enabled()))
+        return None, None
+
+    monkeypatch.setattr(attention, "sdpa_attention_forward", fake_sdpa)
+    cuda_query = types.SimpleNamespace(shape=(1, 9, 1, 64), device=torch.device("cuda"))
+    cpu_query = types.SimpleNamespace(shape=(1, 9, 1, 64), device=torch.device("cpu"))
+    module = types.SimpleNamespace(num_key_value_groups=3)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    for query in (cuda_query, cpu_query):
+        attention.gqa_sdpa_forward(module, query, None, None, None)
+    assert seen == [("cuda", False, True), ("cpu", before, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before  # restored after the call
+
+
 def test_llama_folder_runs_ragspecs_attention(tmp_path, tiny_model, tiny_tokenizer):
     folder = save_model_folder(tiny_model, tiny_tokenizer, tmp_path / "llama")
     assert load_model(str(folder), tmp_path / "cache", weights="fp32").attention == NAME

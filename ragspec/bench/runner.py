@@ -29,7 +29,7 @@ Every entry splits its time into the first token (prefill and one step: `ttft_se
 the decode phase after it (`decode_seconds`), so a ratio can be traced to one or the other.
 
 Every method ends an answer by the same repetition stop rule the product uses (`repeat`, by
-default ragspec.pipeline.ANSWER_REPEAT): the engine methods in the engine, the transformers
+default ragspec.decoding.types.ANSWER_REPEAT): the engine methods in the engine, the transformers
 methods through a StoppingCriteria and the llama.cpp methods in their token loop, each deciding
 on tokens already produced. transformers' prompt lookup may write past the stop inside its last
 verify step; those tokens are timed and then dropped, so every method is compared on the same
@@ -52,7 +52,7 @@ from ragspec.bench.llamacpp import LLAMACPP_METHODS
 from ragspec.bench.llamaserver import NGRAM_METHODS, SERVER_METHODS
 from ragspec.bench.questions import KINDS, BenchInputError, Prepared, Question, load_questions
 from ragspec.decoding.repetition import RepetitionGuard, max_repeats, stop_point
-from ragspec.decoding.types import DraftConfig, GenerationConfig, RepeatConfig
+from ragspec.decoding.types import ANSWER_REPEAT, DraftConfig, GenerationConfig, RepeatConfig
 
 METHODS = ("greedy", "ragspec", "hf_greedy", "hf_pld", "oracle")
 # speedups are over each method's own plain decoding
@@ -161,8 +161,6 @@ class Runner:
         repeat: the stop rule every method applies (default: the product's, ANSWER_REPEAT); a
             repetition penalty is not supported (transformers' and llama.cpp's differ)."""
         if repeat is None:
-            from ragspec.pipeline import ANSWER_REPEAT
-
             repeat = ANSWER_REPEAT
         if repeat.penalty != 1.0:
             raise BenchInputError("the benchmark runs without a repetition penalty: the "

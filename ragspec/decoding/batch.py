@@ -144,7 +144,7 @@ class BatchSequence:
             self.prefilled = a
             if self.prefilling:
                 return Outcome()
-            step = Step([next_token(logits[-1], stream.config.sampling, stream._rng)])
+            step = Step([next_token(logits[-1], stream.config.sampling, stream._uniforms)])
             self.first_token_at = time.perf_counter()
             stream.stats.prefill_seconds = stream.stats.ttft_seconds = (
                 self.first_token_at - self.started)

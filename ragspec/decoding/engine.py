@@ -32,6 +32,7 @@ from ragspec.decoding.policy import DraftGovernor, DraftPolicy, DraftShadow, For
 from ragspec.decoding.provenance import locate_origin
 from ragspec.decoding.repetition import RepetitionGuard, penalty_windows
 from ragspec.decoding.sampling import (
+    Uniforms,
     accept_greedy,
     accept_sampled,
     apply_repeat_penalty,
@@ -201,7 +202,7 @@ class GenerationStream:
         self._text = SpanText(gen.tokenizer, config.stop_strings,
                               locate=partial(locate_origin, prompt_length=len(prompt),
                                              sources=sources))
-        self._rng = _sampling_rng(config.sampling, gen.device)
+        self._uniforms = _uniforms(config.sampling)
         self._policy = (gen.policy_for(config)
                         if config.draft.enabled and forced is None else None)
         self._index = NgramIndex(prompt, min_n=config.draft.min_ngram,
@@ -281,7 +282,7 @@ class GenerationStream:
         self._cache = new_cache(self.gen.model)
         logits = forward(self.gen.model, self.prompt_ids, self._cache, logits_to_keep=1)
         logits = self._penalised(logits, [])
-        return Step([next_token(logits[-1], self.config.sampling, self._rng)])
+        return Step([next_token(logits[-1], self.config.sampling, self._uniforms)])
 
     def _propose(self) -> tuple[Match | None, list[int]]:
         """A match from the drafter (or the forced sequence) and the draft worth verifying."""
@@ -326,7 +327,9 @@ class GenerationStream:
         if sampling.greedy:
             accepted, token = accept_greedy(logits, draft)
         else:
-            accepted, token = accept_sampled(logits, draft, sampling, self._rng)
+            # row i of the verify predicts output position len(token_ids) + i
+            uniforms = self._uniforms.take(len(self.token_ids), len(draft) + 1)
+            accepted, token = accept_sampled(logits, draft, sampling, uniforms)
         if accepted < len(draft):  # drop the rejected draft positions; keep the last token's
             crop_cache(self._cache, len(self._index) + accepted)
         if self._policy is not None and draft:
@@ -385,10 +388,8 @@ def _count_step(stats: GenerationStats, step: Step, kept_drafts: int) -> None:
         stats.accepted_lengths[kept_drafts] = stats.accepted_lengths.get(kept_drafts, 0) + 1
 
 
-def _sampling_rng(sampling: SamplingConfig, device: torch.device) -> torch.Generator | None:
-    """The random stream for sampling, on the model's device (None for greedy)."""
+def _uniforms(sampling: SamplingConfig) -> Uniforms | None:
+    """The sampling stream (None for greedy); without a seed, a fresh one per generation."""
     if sampling.greedy:
         return None
-    rng = torch.Generator(device=device)
-    rng.manual_seed(sampling.seed if sampling.seed is not None else int(time.time_ns()))
-    return rng
+    return Uniforms(sampling.seed if sampling.seed is not None else time.time_ns())

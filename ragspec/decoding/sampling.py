@@ -10,8 +10,19 @@ x with (1 - p(t))·p(x)/(1 - p(t)) = p(x): the target distribution, exactly.
 
 p is the *processed* target: temperature, then top-k, then top-p (the order transformers uses).
 
-Device contract: everything runs where the logits are (argmax, probabilities, the uniforms and
-the draw, with a torch.Generator created on that device); each function hands back plain ints
+How the rule is drawn: output position j gets one uniform u_j that depends on the seed and j
+alone (`Uniforms`), and the token at j is p's inverse CDF at u_j. A draft token is accepted when
+it is that token, so it is accepted with probability p(t), and after a rejection the token is
+distributed as p without t, renormalised: the rule above. Because u_j does not depend on how
+many tokens were drafted, verified or accepted before j, a seed gives the same answer with
+speculation on or off and whatever the draft policy has learned (where the verify forward's
+rows equal one-token steps, as on the native step; elsewhere up to the rounding that also
+moves greedy output). Worked example: p = (0.5, 0.3, 0.2) over tokens (0, 1, 2), u_j = 0.6:
+the CDF is (0.5, 0.8, 1.0), so token 1 is written; a draft of 1 is accepted, a draft of 0 or 2
+is rejected and 1 is written in its place.
+
+Device contract: probabilities, the inverse CDF and the accept rule run where the logits are
+(the step's uniforms go there as one small tensor); each function hands back plain ints
 through one small transfer, [accepted count, next token], per step.
 """
 
@@ -39,14 +50,46 @@ def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
-def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """weights: (vocab,), not necessarily normalised -> (1,) token id, on weights' device."""
-    return torch.multinomial(weights, 1, generator=generator)
+_MASK = (1 << 64) - 1
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """probs: (vocab,) -> one token id."""
-    return int(_draw(probs, generator).item())
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a 64-bit integer to a well-scrambled 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+class Uniforms:
+    """The sampling stream of one generation: u_j in [0, 1) for output position j (0 = the
+    first new token), a function of (seed, j) alone, with 53 random bits."""
+
+    def __init__(self, seed: int):
+        self._key = _mix(seed & _MASK)
+
+    def at(self, position: int) -> float:
+        return (_mix((self._key + position) & _MASK) >> 11) * 2.0 ** -53
+
+    def take(self, start: int, count: int) -> list[float]:
+        """u_start .. u_(start+count-1)."""
+        return [self.at(start + i) for i in range(count)]
+
+
+def draw(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
+    """probs: (n, vocab), rows not necessarily normalised; one uniform per row -> (n,) token
+    ids, row i the inverse CDF of probs[i] at uniforms[i] (on probs' device). A token of zero
+    weight is never drawn: the search lands on the first token whose running sum exceeds
+    u·total, and u < 1."""
+    cdf = probs.double().cumsum(-1)  # (n, vocab); fp64 so that a 49k-token sum keeps its tail
+    u = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)[:, None]
+    picked = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
+    return picked.clamp_(max=probs.shape[-1] - 1)
+
+
+def sample(probs: torch.Tensor, u: float) -> int:
+    """probs: (vocab,) -> the token at uniform u."""
+    return int(draw(probs[None, :], [u])[0].item())
 
 
 def _draft_tensor(draft: list[int], like: torch.Tensor) -> torch.Tensor:
@@ -70,36 +113,32 @@ def accept_greedy(logits: torch.Tensor, draft: list[int]) -> tuple[int, int]:
     return _read(accepted, best[accepted])
 
 
-def accept_sampled(
-    logits: torch.Tensor, draft: list[int], cfg: SamplingConfig, generator: torch.Generator | None
-) -> tuple[int, int]:
-    """logits: (len(draft)+1, vocab). Point-mass speculative sampling; see module docstring."""
+def accept_sampled(logits: torch.Tensor, draft: list[int], cfg: SamplingConfig,
+                   uniforms: list[float]) -> tuple[int, int]:
+    """logits: (len(draft)+1, vocab); uniforms: u_j for the positions of those rows (the first
+    row predicts the next output position). Point-mass speculative sampling; see the module
+    docstring."""
     probs = target_probs(logits, cfg)  # (k+1, vocab)
     k = len(draft)
+    if len(uniforms) != k + 1:
+        raise ValueError(f"{k + 1} rows need {k + 1} uniforms, got {len(uniforms)}")
+    chosen = draw(probs, uniforms)  # (k+1,): the token each row writes if it is reached
     if not k:
-        return 0, sample(probs[0], generator)
-    tokens = _draft_tensor(draft, probs)
-    rows = torch.arange(k, device=probs.device)
-    picked = probs[rows, tokens]  # (k,) p(t_i)
-    # one uniform per draft position, drawn together (same generator stream either way)
-    u = torch.rand(k, generator=generator, device=probs.device, dtype=probs.dtype)
-    # p(t) rounds to the whole mass: nothing else could be drawn, so t is kept
-    nothing_else = (probs[:k].sum(-1) - picked) <= 0
-    accepted = ((u < picked) | nothing_else).long().cumprod(0).sum()  # 0-d, on the device
-    # the next token: drawn from row `accepted` (the residual p - p(t)·δ_t after a rejection,
-    # p itself after a fully accepted draft); multinomial normalises the weights
-    row = probs[accepted]
-    rejected = torch.cat([tokens, tokens.new_zeros(1)])[accepted]
-    remove = (torch.arange(row.shape[-1], device=row.device) == rejected) & (accepted < k)
-    token = _draw(row.masked_fill(remove, 0.0), generator)
-    return _read(accepted, token)
+        return 0, int(chosen[0].item())
+    # a draft token is kept while it is the token its row writes; the first that is not is
+    # replaced by that row's token (a rejection: distributed as p without the draft token)
+    agree = (chosen[:-1] == _draft_tensor(draft, chosen)).long().cumprod(0)
+    accepted = agree.sum()  # 0-d, on the device
+    return _read(accepted, chosen[accepted])
 
 
-def next_token(logits_row: torch.Tensor, cfg: SamplingConfig, generator) -> int:
-    """logits_row: (vocab,). The first token after prefill, or any step with no draft."""
+def next_token(logits_row: torch.Tensor, cfg: SamplingConfig, uniforms: Uniforms | None,
+               position: int = 0) -> int:
+    """logits_row: (vocab,). The first token after prefill (position 0), or any step with no
+    draft; `uniforms` is None for greedy."""
     if cfg.greedy:
         return int(logits_row.argmax().item())
-    return sample(target_probs(logits_row[None, :], cfg)[0], generator)
+    return sample(target_probs(logits_row[None, :], cfg)[0], uniforms.at(position))
 
 
 def apply_repeat_penalty(logits: torch.Tensor, windows, penalty: float) -> torch.Tensor:

@@ -250,6 +250,12 @@ class RepeatConfig:
             raise ValueError(f"penalty_last_n must be >= 1, got {self.penalty_last_n}")
 
 
+# The product's stop rule: how answers end when they start repeating themselves (chosen with
+# `ragspec eval` on data/realdocs/dev; README, "Answer quality"). The pipeline, the chat, the
+# server and the benchmark all apply it.
+ANSWER_REPEAT = RepeatConfig(stop_ngram=8, stop_count=2)
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """repeat: the stop rule and penalty for repetition; None = not set: the engine then uses
