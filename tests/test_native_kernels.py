@@ -182,6 +182,33 @@ def test_attention_matches_a_float64_softmax_and_rows_do_not_depend_on_each_othe
         assert torch.equal(one[0], out[r])
 
 
+@pytest.mark.parametrize("d", [40, 64, 128])
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("start", [0, 37])
+def test_a_prompts_rows_read_keys_together_and_each_gets_its_one_row_bits(ops, d, half, start):
+    """Many rows from key 0 (a prompt read, after `start` cached keys) share their key and value
+    loads, several rows and query heads at a time; each row still gets, bit for bit, what it
+    gets alone (a one-token step), and the float64 softmax to rounding."""
+    g = torch.Generator().manual_seed(7)
+    hq, hkv, t = 6, 2, 43  # 3 query heads per key head; 43 rows: runs of 4 and a short one
+    length = start + t
+    q = torch.randn(hq, t, d, generator=g)
+    k_buf = torch.randn(hkv, length + 9, d, generator=g)
+    v_buf = torch.randn(hkv, length + 9, d, generator=g)
+    if half:
+        k_buf, v_buf = k_buf.half(), v_buf.half()
+    k, v = k_buf[:, :length], v_buf[:, :length]
+    hi = torch.arange(start, length)
+    lo = torch.zeros(t, dtype=torch.long)
+    out = ops.attend(q, k, v, lo, hi, 0.3, 0.0)
+    want = reference_attention(q, k.float(), v.float(), lo, hi, 0.3, 0.0)
+    assert torch.allclose(out.double(), want, atol=2e-6)
+    for r in range(t):
+        one = ops.attend(q[:, r:r + 1], k[:, :hi[r] + 1], v[:, :hi[r] + 1], lo[r:r + 1],
+                         hi[r:r + 1], 0.3, 0.0)
+        assert torch.equal(one[0], out[r]), f"row {r}"
+
+
 @pytest.mark.parametrize("softcap,d", [(0.0, 40), (0.0, 64), (30.0, 128)])
 def test_attention_over_an_fp16_cache_is_the_fp32_arithmetic_on_the_widened_values(ops, softcap, d):
     # the fp16 storage only changes how keys and values are read: widened exactly, then the same

@@ -126,23 +126,64 @@ def test_native_logits_and_cache_match_the_module_forward(pairs, family):
     assert native_step.stats(model)["forwards"] == 2  # both went through the native step
 
 
-def test_a_long_prefill_keeps_the_modules_and_the_steps_after_it_are_native(pairs):
+def test_a_long_prefill_keeps_the_modules_and_the_steps_after_it_are_native(pairs, monkeypatch):
+    """bf16/fp32 prompt reads (packed.prefill_precision) de-quantise on the modules."""
+    from ragspec.decoding.packed import PREFILL_ENV, prefill_precision
+
     model, module_forward, weights = pairs["llama"]
     vocab = model.config.vocab_size
     prompt = torch.randint(3, vocab, (1, STEP_ROWS + 6), generator=torch.Generator().manual_seed(3))
+    monkeypatch.setenv(PREFILL_ENV, "fp32")
+    prefill_precision.cache_clear()
     native_step.reset_stats(model)
-    with torch.inference_mode():
-        ours, theirs = new_cache(model), new_cache(model)
-        a = model(input_ids=prompt, cache=ours, use_cache=True, logits_to_keep=1).logits[0]
-        b = module_forward(input_ids=prompt, cache=theirs, use_cache=True, logits_to_keep=1).logits[0]
-        assert torch.equal(a, b) and native_step.stats(model)["forwards"] == 0
-        token = a.argmax(-1, keepdim=True)
-        for _ in range(3):
-            a = model(input_ids=token, cache=ours, use_cache=True).logits[0]
-            b = module_forward(input_ids=token, cache=theirs, use_cache=True).logits[0]
-            _assert_close(a, b, weights)
+    try:
+        with torch.inference_mode():
+            ours, theirs = new_cache(model), new_cache(model)
+            a = model(input_ids=prompt, cache=ours, use_cache=True, logits_to_keep=1).logits[0]
+            b = module_forward(input_ids=prompt, cache=theirs, use_cache=True,
+                               logits_to_keep=1).logits[0]
+            assert torch.equal(a, b) and native_step.stats(model)["forwards"] == 0
             token = a.argmax(-1, keepdim=True)
+            for _ in range(3):
+                a = model(input_ids=token, cache=ours, use_cache=True).logits[0]
+                b = module_forward(input_ids=token, cache=theirs, use_cache=True).logits[0]
+                _assert_close(a, b, weights)
+                token = a.argmax(-1, keepdim=True)
+    finally:
+        prefill_precision.cache_clear()
     assert native_step.stats(model)["forwards"] == 3
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_an_int8_prompt_read_gives_every_row_what_one_token_steps_give(pairs, monkeypatch, family):
+    """int8 prompt reads run the native step in pieces of PIECE_ROWS rows; row invariance makes
+    each row's logits and cached keys and values those of one-token steps, bit for bit."""
+    from ragspec.decoding.packed import PREFILL_ENV, prefill_precision
+
+    model, _, _ = pairs[family]
+    vocab = model.config.vocab_size
+    rows = STEP_ROWS + 30
+    prompt = torch.randint(3, vocab, (1, rows), generator=torch.Generator().manual_seed(5))
+    monkeypatch.setenv(PREFILL_ENV, "int8")
+    monkeypatch.setattr(native_step, "PIECE_ROWS", 40)
+    prefill_precision.cache_clear()
+    native_step.reset_stats(model)
+    try:
+        with torch.inference_mode():
+            whole, stepped = new_cache(model), new_cache(model)
+            a = model(input_ids=prompt, cache=whole, use_cache=True).logits[0]
+            assert native_step.stats(model)["forwards"] == 3  # 40 + 40 + 14 rows
+            b = torch.cat([model(input_ids=prompt[:, i:i + 1], cache=stepped,
+                                 use_cache=True).logits[0] for i in range(rows)])
+            assert a.shape == (rows, vocab) and torch.equal(a, b)
+            for (ka, va), (kb, vb) in zip(_layer_kv(whole, rows), _layer_kv(stepped, rows),
+                                          strict=True):
+                assert torch.equal(ka, kb) and torch.equal(va, vb)
+            last = model(input_ids=prompt, cache=new_cache(model), use_cache=True,
+                         logits_to_keep=3).logits[0]
+            assert torch.equal(last, b[-3:])
+    finally:
+        prefill_precision.cache_clear()
 
 
 @pytest.mark.parametrize("family", COVERED)

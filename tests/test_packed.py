@@ -137,35 +137,50 @@ def test_the_packed_file_round_trips_and_shares_tied_weights(tiny_model, tmp_pat
         assert torch.equal(packing.build(tmp_path, entries)(ids).logits, a(ids).logits)
 
 
-def test_prefill_runs_the_fp32_path_and_steps_the_packed_kernel(tiny_tokenizer, tmp_path):
-    """Long forwards de-quantise tiles and use torch's matmul; both paths compute the same
-    layer (to within the int8 rounding of the activations)."""
-    from ragspec.decoding.packed import STEP_ROWS, step_forward
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_prefill_de_quantises_or_runs_the_step_kernel_as_its_precision_says(
+        tiny_tokenizer, tmp_path, monkeypatch, precision):
+    """fp32/bf16: long forwards de-quantise tiles and use torch's matmul, the same layer to within
+    the int8 rounding of the activations; int8: they run the step kernel, so every row is what
+    it is in a short forward."""
+    from ragspec.decoding.packed import PREFILL_ENV, STEP_ROWS, prefill_precision, step_forward
 
     model = make_family_model("llama", len(tiny_tokenizer))
     layer = packed_copy(model, "int8", tmp_path).model.layers[0].mlp.up_proj
     x = torch.randn(STEP_ROWS + 5, layer.in_features)
+    monkeypatch.setenv(PREFILL_ENV, precision)
+    prefill_precision.cache_clear()
     amx = torch.ops.ragspec.set_amx(False)  # with AMX, tiled weights take the kernel (test_native_amx)
     try:
         long = layer(x)
     finally:
         torch.ops.ragspec.set_amx(amx)
+        prefill_precision.cache_clear()
     with step_forward():
         stepped = layer(x)
-    assert torch.allclose(long, stepped, atol=0.05 * long.abs().max().item())
-    assert not torch.equal(long, stepped)  # two paths really ran
     assert torch.equal(layer(x[:3]), stepped[:3])
+    if precision == "int8":
+        assert torch.equal(long, stepped)
+    else:
+        assert torch.allclose(long, stepped, atol=0.05 * long.abs().max().item())
+        assert not torch.equal(long, stepped)  # two paths really ran
 
 
-@pytest.mark.parametrize("flags, want", [("fpu avx2 avx512f amx_tile amx_bf16", torch.bfloat16),
-                                         ("fpu avx2 avx512_bf16", torch.bfloat16),
-                                         ("fpu avx2 avx512f avx512_vnni", torch.float32)])
+@pytest.mark.parametrize("flags, want", [("fpu avx2 avx512f amx_tile amx_bf16", "bf16"),
+                                         ("fpu avx2 avx512f avx512_vnni avx512_bf16 amx_bf16",
+                                          "bf16"),
+                                         ("fpu avx2 avx512_bf16", "bf16"),
+                                         ("fpu avx2 avx512f avx512_vnni avx512_bf16", "int8"),
+                                         ("fpu avx2 avx512f avx512_vnni", "int8"),
+                                         ("fpu avx2 fma", "fp32")])
 def test_the_prefill_precision_is_a_fact_of_the_cpu_not_a_timing(tmp_path, monkeypatch, flags,
                                                                   want):
-    """The two precisions read a prompt into different caches (a tiny model answered differently
-    after a restart when a timing picked them), so only the CPU's flags and the override decide."""
+    """The precisions read a prompt into different caches (a tiny model answered differently
+    after a restart when a timing picked them), so only the CPU's flags and the override decide:
+    int8 (the step kernels) with AVX-512 VNNI unless AMX's bf16 tiles are there, else bf16
+    where bf16 is native, else fp32."""
     from ragspec import cpuinfo
-    from ragspec.decoding.packed import PREFILL_ENV, prefill_dtype
+    from ragspec.decoding.packed import PREFILL_ENV, prefill_dtype, prefill_precision
 
     info = tmp_path / "cpuinfo"
     info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n", encoding="utf-8")
@@ -173,14 +188,15 @@ def test_the_prefill_precision_is_a_fact_of_the_cpu_not_a_timing(tmp_path, monke
     monkeypatch.delenv(PREFILL_ENV, raising=False)
     try:
         for _ in range(3):
-            prefill_dtype.cache_clear()
-            assert prefill_dtype() == want
-        for forced, dtype in (("fp32", torch.float32), (" BF16", torch.bfloat16)):
+            prefill_precision.cache_clear()
+            assert prefill_precision() == want
+        assert prefill_dtype() == (torch.bfloat16 if want == "bf16" else torch.float32)
+        for forced, precision in (("fp32", "fp32"), (" BF16", "bf16"), ("int8", "int8")):
             monkeypatch.setenv(PREFILL_ENV, forced)
-            prefill_dtype.cache_clear()
-            assert prefill_dtype() == dtype
+            prefill_precision.cache_clear()
+            assert prefill_precision() == precision
     finally:
-        prefill_dtype.cache_clear()
+        prefill_precision.cache_clear()
 
 
 # -- GGUF files ----------------------------------------------------------------------------------

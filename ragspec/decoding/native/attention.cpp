@@ -122,23 +122,29 @@ static inline __m256 dot8(const float* q, const T* k, int64_t stride, int64_t d)
 }
 #endif
 
-// One query row against keys lo..hi: scores -> probabilities -> weighted sum of values.
+// The three parts of one query row's attention, each with its own fixed order of operations:
+// the scores of keys lo..hi (dot8 for each whole block of eight keys from lo, then dot for the
+// rest), the softmax of those scores in place (returns 1 / the sum), and the weighted sum of
+// values (keys in order, 64 dimensions at a time in registers). attend_row runs them for one
+// row; attend_rows_shared runs the same operations for several rows at once.
 template <typename T>
-static void attend_row_of(const float* q, const T* k, const T* v, int64_t kstride, int64_t vstride,
-                          int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
-                          std::vector<float>& s) {
-  const int64_t n = hi - lo + 1;
-  s.resize(n);
-  int64_t j = 0;
+static void row_scores(const float* q, const T* k, int64_t kstride, int64_t lo, int64_t n, int64_t d,
+                       float scale, int64_t from, float* s) {
+  // keys from `from` (a multiple of 8, or 0) on; the blocks before it were scored elsewhere
+  int64_t j = from;
 #ifdef RS_AVX2
   if (d % 8 == 0) {
     const __m256 vs = _mm256_set1_ps(scale);
     for (; j + 8 <= n; j += 8)
-      _mm256_storeu_ps(s.data() + j, _mm256_mul_ps(dot8(q, k + (lo + j) * kstride, kstride, d), vs));
+      _mm256_storeu_ps(s + j, _mm256_mul_ps(dot8(q, k + (lo + j) * kstride, kstride, d), vs));
   }
 #endif
   for (; j < n; ++j) s[j] = dot(q, k + (lo + j) * kstride, d) * scale;
+}
+
+static float row_softmax(float* s, int64_t n, float softcap) {
   float mx = -std::numeric_limits<float>::infinity();
+  int64_t j;
   for (j = 0; j < n; ++j) {
     if (softcap > 0.0f) s[j] = softcap * std::tanh(s[j] / softcap);
     mx = std::max(mx, s[j]);
@@ -149,8 +155,8 @@ static void attend_row_of(const float* q, const T* k, const T* v, int64_t kstrid
   __m256 acc = _mm256_setzero_ps();
   const __m256 vmx = _mm256_set1_ps(mx);
   for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s.data() + j), vmx));
-    _mm256_storeu_ps(s.data() + j, e);
+    const __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
+    _mm256_storeu_ps(s + j, e);
     acc = _mm256_add_ps(acc, e);
   }
   total = hsum8(acc);
@@ -161,14 +167,21 @@ static void attend_row_of(const float* q, const T* k, const T* v, int64_t kstrid
     s[j] = exp_neg(s[j] - mx);
     total += s[j];
   }
-  const float inv = 1.0f / total;
+  return 1.0f / total;
+}
+
+// Dimensions c0.. of Σ_j s[j] v[j] · inv into out; `c0` is where the 64-wide part stopped (the
+// scalar remainder), or 0 without AVX2.
+template <typename T>
+static void row_values(const float* s, const T* v, int64_t vstride, int64_t lo, int64_t n, int64_t d, float inv,
+                       float* out) {
   int64_t c = 0;
 #ifdef RS_AVX2
   // Σ_j p_j v_j, 64 dimensions at a time held in registers, keys in order
   for (; c + 64 <= d; c += 64) {
     __m256 o[8];
     for (int i = 0; i < 8; ++i) o[i] = _mm256_setzero_ps();
-    for (j = 0; j < n; ++j) {
+    for (int64_t j = 0; j < n; ++j) {
       const __m256 p = _mm256_set1_ps(s[j]);
       const T* vj = v + (lo + j) * vstride + c;
       for (int i = 0; i < 8; ++i) o[i] = _mm256_fmadd_ps(p, ld8(vj + 8 * i), o[i]);
@@ -178,11 +191,139 @@ static void attend_row_of(const float* q, const T* k, const T* v, int64_t kstrid
   }
 #endif
   for (int64_t i = c; i < d; ++i) out[i] = 0.0f;
-  for (j = 0; j < n && c < d; ++j) {
+  for (int64_t j = 0; j < n && c < d; ++j) {
     const T* vj = v + (lo + j) * vstride;
     for (int64_t i = c; i < d; ++i) out[i] = std::fma(s[j], ld1(vj + i), out[i]);
   }
   for (int64_t i = c; i < d; ++i) out[i] *= inv;
+}
+
+// One query row against keys lo..hi: scores -> probabilities -> weighted sum of values.
+template <typename T>
+static void attend_row_of(const float* q, const T* k, const T* v, int64_t kstride, int64_t vstride,
+                          int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
+                          std::vector<float>& s) {
+  const int64_t n = hi - lo + 1;
+  s.resize(n);
+  row_scores(q, k, kstride, lo, n, d, scale, 0, s.data());
+  const float inv = row_softmax(s.data(), n, softcap);
+  row_values(s.data(), v, vstride, lo, n, d, inv, out);
+}
+
+#ifdef RS_AVX2
+// dot8 of QN queries against the same eight keys, each key's 8 values loaded once for all of
+// them; every query's accumulators see dot8's operations in dot8's order (bit-identical).
+template <typename T, int QN>
+static inline void dot8_shared(const float* const* q, const T* k, int64_t stride, int64_t d, __m256 scale,
+                               float* const* s, int64_t j) {
+  __m256 acc[QN][8];
+  for (int a = 0; a < QN; ++a)
+    for (int i = 0; i < 8; ++i) acc[a][i] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) {
+    __m256 qv[QN];
+    for (int a = 0; a < QN; ++a) qv[a] = _mm256_loadu_ps(q[a] + c);
+    for (int i = 0; i < 8; ++i) {
+      const __m256 kv = ld8(k + i * stride + c);
+      for (int a = 0; a < QN; ++a) acc[a][i] = _mm256_fmadd_ps(qv[a], kv, acc[a][i]);
+    }
+  }
+  for (int a = 0; a < QN; ++a) {
+    const __m256 s01 = _mm256_hadd_ps(acc[a][0], acc[a][1]), s23 = _mm256_hadd_ps(acc[a][2], acc[a][3]);
+    const __m256 s45 = _mm256_hadd_ps(acc[a][4], acc[a][5]), s67 = _mm256_hadd_ps(acc[a][6], acc[a][7]);
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    const __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
+    const __m256 hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+    _mm256_storeu_ps(s[a] + j, _mm256_mul_ps(_mm256_add_ps(lo, hi), scale));
+  }
+}
+
+// Values: dimensions c..c+31 of QN queries over keys 0..n-1, each value's 32 dimensions loaded
+// once for all of them (row_values' sums per lane, in its order of keys).
+template <typename T, int QN>
+static inline void values32_shared(const float* const* s, const T* v, int64_t vstride, int64_t n, int64_t c,
+                                   __m256 (*o)[4]) {
+  for (int a = 0; a < QN; ++a)
+    for (int i = 0; i < 4; ++i) o[a][i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const T* vj = v + j * vstride + c;
+    const __m256 v0 = ld8(vj), v1 = ld8(vj + 8), v2 = ld8(vj + 16), v3 = ld8(vj + 24);
+    for (int a = 0; a < QN; ++a) {
+      const __m256 p = _mm256_set1_ps(s[a][j]);
+      o[a][0] = _mm256_fmadd_ps(p, v0, o[a][0]);
+      o[a][1] = _mm256_fmadd_ps(p, v1, o[a][1]);
+      o[a][2] = _mm256_fmadd_ps(p, v2, o[a][2]);
+      o[a][3] = _mm256_fmadd_ps(p, v3, o[a][3]);
+    }
+  }
+}
+#endif
+
+// Queries q[0..Q) against keys 0..hi[a] each (ascending hi): what attend_row gives each of
+// them (lo = 0, no soft-capping), bit for bit, with the key and value loads of the keys they
+// all see shared between them, up to three at a time.
+template <typename T>
+static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int Q, const T* k, const T* v,
+                                  int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
+                                  std::vector<float>& scratch) {
+#ifdef RS_AVX2
+  if (d % 64 == 0) {
+    const int64_t nmax = hi[Q - 1] + 1;
+    scratch.resize(size_t(Q) * nmax);
+    std::vector<float*> s(Q);
+    for (int a = 0; a < Q; ++a) s[a] = scratch.data() + a * nmax;
+    const __m256 vs = _mm256_set1_ps(scale);
+    const int64_t common = (hi[0] + 1) / 8 * 8;  // whole blocks every query scores
+    for (int a0 = 0; a0 < Q; a0 += 3) {
+      const int qn = std::min(3, Q - a0);
+      for (int64_t j = 0; j < common; j += 8) {
+        const T* kj = k + j * kstride;
+        if (qn == 3) dot8_shared<T, 3>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
+        else if (qn == 2) dot8_shared<T, 2>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
+        else dot8_shared<T, 1>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
+      }
+    }
+    std::vector<float> inv(Q);
+    for (int a = 0; a < Q; ++a) {
+      const int64_t n = hi[a] + 1;
+      row_scores(q[a], k, kstride, 0, n, d, scale, common, s[a]);
+      inv[a] = row_softmax(s[a], n, 0.0f);
+    }
+    const int64_t shared = hi[0] + 1;  // keys every query weighs
+    for (int64_t c = 0; c < d; c += 32)
+      for (int a0 = 0; a0 < Q; a0 += 3) {
+        const int qn = std::min(3, Q - a0);
+        __m256 o[3][4];
+        if (qn == 3) values32_shared<T, 3>(s.data() + a0, v, vstride, shared, c, o);
+        else if (qn == 2) values32_shared<T, 2>(s.data() + a0, v, vstride, shared, c, o);
+        else values32_shared<T, 1>(s.data() + a0, v, vstride, shared, c, o);
+        for (int b = 0; b < qn; ++b) {
+          const int a = a0 + b;
+          for (int64_t j = shared; j <= hi[a]; ++j) {  // the keys only this query sees, in order
+            const __m256 p = _mm256_set1_ps(s[a][j]);
+            const T* vj = v + j * vstride + c;
+            for (int i = 0; i < 4; ++i) o[b][i] = _mm256_fmadd_ps(p, ld8(vj + 8 * i), o[b][i]);
+          }
+          const __m256 vi = _mm256_set1_ps(inv[a]);
+          for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out[a] + c + 8 * i, _mm256_mul_ps(o[b][i], vi));
+        }
+      }
+    return;
+  }
+#endif
+  for (int a = 0; a < Q; ++a)
+    attend_row_of(q[a], k, v, kstride, vstride, 0, hi[a], d, scale, 0.0f, out[a], scratch);
+}
+
+void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const float* k, const float* v,
+                        int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
+                        std::vector<float>& scratch) {
+  attend_rows_shared_of(q, hi, n, k, v, kstride, vstride, d, scale, out, scratch);
+}
+
+void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const uint16_t* k, const uint16_t* v,
+                        int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
+                        std::vector<float>& scratch) {
+  attend_rows_shared_of(q, hi, n, k, v, kstride, vstride, d, scale, out, scratch);
 }
 
 void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
@@ -234,7 +375,34 @@ at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor&
   float* op = out.data_ptr<float>();
   const int64_t group = hq / hkv;
   TORCH_CHECK(dv == d, "value and key head sizes differ");
+  // Many rows that all start at key 0 (a prompt read) go in tasks of one key head and a run of
+  // four rows with the query heads that read it (attend_rows_shared: the same bits, shared loads).
+  bool shared = softcap == 0.0 && t >= 16;
+  for (int64_t i = 0; i < t && shared; ++i) shared = lop[i] == 0 && (i == 0 || hip[i] >= hip[i - 1]);
+  constexpr int64_t kRun = 4;
+  const int64_t runs = (t + kRun - 1) / kRun;
   auto run = [&](const auto* kp, const auto* vp) {
+    if (shared) {
+      at::parallel_for(0, hkv * runs, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> s;
+        std::vector<const float*> qs;
+        std::vector<float*> outs;
+        std::vector<int64_t> his;
+        for (int64_t task = b; task < e; ++task) {
+          const int64_t g = task / runs, r0 = (task % runs) * kRun;
+          qs.clear(), outs.clear(), his.clear();
+          for (int64_t row = r0; row < std::min(t, r0 + kRun); ++row)
+            for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+              qs.push_back(qp + (h * t + row) * d);
+              outs.push_back(op + (row * hq + h) * dv);
+              his.push_back(hip[row]);
+            }
+          attend_rows_shared(qs.data(), his.data(), int(qs.size()), kp + g * k.stride(0), vp + g * v.stride(0),
+                             k.stride(1), v.stride(1), d, float(scale), outs.data(), s);
+        }
+      });
+      return;
+    }
     at::parallel_for(0, hq * t, 1, [&](int64_t b, int64_t e) {
       std::vector<float> s;
       for (int64_t task = b; task < e; ++task) {

@@ -65,6 +65,17 @@ void attend_row(const float* q, const uint16_t* k, const uint16_t* v, int64_t ks
                 int64_t lo, int64_t hi, int64_t d, float scale, float softcap, float* out,
                 std::vector<float>& scratch);
 
+// Queries q[0..n) (d values each) against keys 0..hi[a] each, hi ascending: for every query
+// exactly what attend_row gives it with lo = 0 and no soft-capping, bit for bit, computed with
+// the loads of the keys and values they all see shared between them (a prompt's rows, and the
+// query heads that read one key head). out[a] gets query a's d values.
+void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const float* k, const float* v,
+                        int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
+                        std::vector<float>& scratch);
+void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const uint16_t* k, const uint16_t* v,
+                        int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
+                        std::vector<float>& scratch);
+
 // n values into a KV cache buffer of fp32 (copied) or fp16 (rounded to nearest even, as torch's
 // conversion rounds, so either writer leaves the same bits).
 void store_kv(const float* x, int64_t n, float* out);

@@ -357,19 +357,60 @@ class StepModel : public torch::CustomClassHolder {
 
   // Row r of every query head against positions 0..pos[r] of its key head in its block's cache
   // (kb[block[r]], vb[block[r]], capacity caps[block[r]]); all blocks' rows in one parallel region.
+  // A block of at least kSharedRows rows (a prompt read) goes in tasks of one key head and a run
+  // of kRun rows with the query heads that read it, sharing their key and value loads
+  // (attend_rows_shared); fewer rows (a decode or verify step) in tasks of one row and head.
+  // Either way each row and head gets attend_row's arithmetic, bit for bit.
+  static constexpr int64_t kSharedRows = 16, kRun = 4;
+
   template <typename KV>
   void attend(const float* q, const std::vector<KV*>& kb, const std::vector<KV*>& vb,
               const std::vector<int64_t>& caps, const std::vector<int64_t>& block, const std::vector<int64_t>& pos,
               float* out) {
     const auto t0 = Clock::now();
     const int64_t group = heads_ / kv_heads_, T = int64_t(block.size());
-    at::parallel_for(0, heads_ * T, 1, [&](int64_t b, int64_t e) {
+    struct Task {
+      int64_t r0, rows, head;  // rows r0..r0+rows-1 of one block; head: a query head, or -1 for
+                               // every query head of key head `key`
+      int64_t key;
+    };
+    std::vector<Task> tasks;
+    for (int64_t r = 0; r < T;) {
+      int64_t end = r;
+      while (end < T && block[end] == block[r]) ++end;  // the block's rows: r..end-1
+      if (end - r >= kSharedRows) {
+        for (int64_t g = 0; g < kv_heads_; ++g)
+          for (int64_t a = r; a < end; a += kRun) tasks.push_back({a, std::min(kRun, end - a), -1, g});
+      } else {
+        for (int64_t hh = 0; hh < heads_; ++hh)
+          for (int64_t a = r; a < end; ++a) tasks.push_back({a, 1, hh, hh / group});
+      }
+      r = end;
+    }
+    at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t b, int64_t e) {
       std::vector<float> scratch;
-      for (int64_t task = b; task < e; ++task) {
-        const int64_t hh = task / T, r = task % T, g = hh / group, s = block[r], cap = caps[s];
-        attend_row(q + (r * heads_ + hh) * head_dim_, kb[s] + g * cap * head_dim_, vb[s] + g * cap * head_dim_,
-                   head_dim_, head_dim_, 0, pos[r], head_dim_, scale_, 0.0f, out + (r * heads_ + hh) * head_dim_,
-                   scratch);
+      std::vector<const float*> qs;
+      std::vector<float*> outs;
+      std::vector<int64_t> his;
+      for (int64_t i = b; i < e; ++i) {
+        const Task& t = tasks[i];
+        const int64_t s = block[t.r0], cap = caps[s], g = t.key;
+        const KV* kg = kb[s] + g * cap * head_dim_;
+        const KV* vg = vb[s] + g * cap * head_dim_;
+        if (t.head >= 0) {
+          attend_row(q + (t.r0 * heads_ + t.head) * head_dim_, kg, vg, head_dim_, head_dim_, 0, pos[t.r0],
+                     head_dim_, scale_, 0.0f, out + (t.r0 * heads_ + t.head) * head_dim_, scratch);
+          continue;
+        }
+        qs.clear(), outs.clear(), his.clear();
+        for (int64_t r = t.r0; r < t.r0 + t.rows; ++r)
+          for (int64_t hh = g * group; hh < (g + 1) * group; ++hh) {
+            qs.push_back(q + (r * heads_ + hh) * head_dim_);
+            outs.push_back(out + (r * heads_ + hh) * head_dim_);
+            his.push_back(pos[r]);
+          }
+        attend_rows_shared(qs.data(), his.data(), int(qs.size()), kg, vg, head_dim_, head_dim_, head_dim_, scale_,
+                           outs.data(), scratch);
       }
     });
     attend_ns_ += since(t0);
