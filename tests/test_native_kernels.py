@@ -229,3 +229,18 @@ def test_attention_over_an_fp16_cache_is_the_fp32_arithmetic_on_the_widened_valu
         assert torch.equal(one[0], out[r])
     with pytest.raises(RuntimeError, match="fp32 or fp16"):
         ops.attend(q, k, v.float(), lo, hi, 0.3, softcap)
+
+
+def test_the_prefetch_distance_is_compiled_from_the_cpus_maker(tmp_path, monkeypatch):
+    """AMD parts get weight bytes requested 8 KiB ahead (measured faster there), others the 2 KiB
+    of tiled.h; the choice is part of the build key, so each build is the machine's own."""
+    from ragspec import cpuinfo
+
+    keys = {}
+    for vendor, want in (("AuthenticAMD", ("-DRS_AHEAD_BYTES=8192",)), ("GenuineIntel", ())):
+        info = tmp_path / vendor
+        info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu avx2\n")
+        monkeypatch.setattr(cpuinfo, "CPUINFO", info)
+        assert native.tuning_flags() == want
+        keys[vendor] = native.build_key()
+    assert keys["AuthenticAMD"] != keys["GenuineIntel"]

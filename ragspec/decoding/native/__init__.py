@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from ragspec import cpuinfo
+
 NAME = "ragspec_kernels"
 SOURCES = ("qmatmul.cpp", "attention.cpp", "step.cpp", "amx.cpp")
 HEADERS = ("amx.h", "formats.h", "kernels.h", "simd.h", "tiled.h")
@@ -38,6 +40,14 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c
 # compiler cannot fuse differently in two instantiations of a kernel (batch invariance).
 # -fopenmp: at::parallel_for is compiled into the kernels themselves; without it they would
 # run on one thread (the OpenMP runtime is torch's own, already loaded: the same libgomp).
+
+
+
+def tuning_flags() -> tuple[str, ...]:
+    """Compile-time tuning that depends on the CPU's maker (read from /proc/cpuinfo, part of the
+    build key): how far ahead the tiled kernel requests weight bytes (tiled.h)."""
+    return ("-DRS_AHEAD_BYTES=8192",) if cpuinfo.field("vendor_id") == "AuthenticAMD" else ()
+
 
 _lock = threading.Lock()
 _loaded = False
@@ -82,7 +92,8 @@ def build_key() -> str:
     digest = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         digest.update((_here() / name).read_bytes())
-    for part in (_compiler(), torch.__version__, _cpu_fingerprint(), " ".join(FLAGS)):
+    for part in (_compiler(), torch.__version__, _cpu_fingerprint(),
+                 " ".join((*FLAGS, *tuning_flags()))):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
@@ -111,7 +122,8 @@ def _build(cache_dir: Path) -> None:
         pass
     os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
     with FileLock(str(folder) + ".lock"):
-        load(name=NAME, sources=[str(_here() / s) for s in SOURCES], extra_cflags=list(FLAGS),
+        load(name=NAME, sources=[str(_here() / s) for s in SOURCES],
+             extra_cflags=[*FLAGS, *tuning_flags()],
              extra_ldflags=["-fopenmp"], extra_include_paths=[str(_here())],
              build_directory=str(folder),
              is_python_module=False, verbose=False)

@@ -208,11 +208,18 @@ static inline __attribute__((always_inline)) void rows_block(const __m512i* w, _
 // few miss buffers and stall the loads the kernel waits on), two-row products 1.07-1.33x, and
 // 4-8 rows 1.02-1.21x, except for Q6_K, whose decoding makes 4 or more rows compute-bound:
 // there lines wanted in L1 well ahead were 1.18-1.25x faster, so it keeps them. Weights that fit
-// in the last cache (135M-shaped) ran the same either way.
+// in the last cache (135M-shaped) ran the same either way. On a 2-core AMD EPYC of the Zen 4
+// kind (32 MiB last cache, so the bundled model's 96 MB stream from memory) requests into L2
+// want to be further ahead: 8 KiB beat 2 KiB in every one of three alternations at 1-8 rows
+// (the products of a step 1.1-1.4x faster), 4 and 16 KiB were in between; the build passes
+// RS_AHEAD_BYTES=8192 on AMD CPUs (ragspec/decoding/native/__init__.py).
+#ifndef RS_AHEAD_BYTES
+#define RS_AHEAD_BYTES 2048
+#endif
 template <int FMT>
 constexpr bool into_l1(int64_t rows) { return FMT == Q6_K && rows >= 4; }
 template <int FMT>
-constexpr int64_t ahead_bytes(int64_t rows) { return into_l1<FMT>(rows) ? 8192 : 2048; }
+constexpr int64_t ahead_bytes(int64_t rows) { return into_l1<FMT>(rows) ? 8192 : RS_AHEAD_BYTES; }
 
 // One tile (16 columns), activation rows r0..r0+R, columns lo..hi of the tile written to
 // y[row * ldy + c] (y points at the tile's first column).
