@@ -184,7 +184,7 @@ def test_attention_matches_a_float64_softmax_and_rows_do_not_depend_on_each_othe
 
 @pytest.mark.parametrize("d", [40, 64, 128])
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("start", [0, 37])
+@pytest.mark.parametrize("start", [0, 37, 300])
 def test_a_prompts_rows_read_keys_together_and_each_gets_its_one_row_bits(ops, d, half, start):
     """Many rows from key 0 (a prompt read, after `start` cached keys) share their key and value
     loads, several rows and query heads at a time; each row still gets, bit for bit, what it

@@ -374,3 +374,46 @@ def test_served_beside_others_a_request_gives_its_solo_answer_on_the_native_step
     assert got == want
     # the sequences decoded together share native calls (one per step, not one per sequence)
     assert native_step.stats(model)["forwards"] < solo_calls
+
+
+def test_attention_over_several_key_chunks_is_the_same_for_prompt_reads_verifies_and_steps(
+        tiny_tokenizer, tmp_path, monkeypatch):
+    """Past kAttendChunk (256) cached positions a row's keys are taken in chunks whose parts are
+    merged in order: a prompt read (rows sharing key loads), a verify (keys split between tasks)
+    and one-token steps all give a row the same bits, at head size 64, and the logits stay
+    those of the module forward to float rounding."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ragspec.decoding.packed import PREFILL_ENV, prefill_precision
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", vocab_size=len(tiny_tokenizer), hidden_size=256,
+                                  intermediate_size=256, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)
+    model = packed_copy(AutoModelForCausalLM.from_config(config).eval(), "int8", tmp_path)
+    module_forward = model.forward
+    assert native_step.install(model) is None
+    vocab = config.vocab_size
+    ids = torch.randint(3, vocab, (1, 600), generator=torch.Generator().manual_seed(9))
+    monkeypatch.setenv(PREFILL_ENV, "int8")
+    prefill_precision.cache_clear()
+    try:
+        with torch.inference_mode():
+            read, stepped = new_cache(model), new_cache(model)
+            whole = model(input_ids=ids[:, :590], cache=read, use_cache=True).logits[0]
+            steps = torch.cat([model(input_ids=ids[:, i:i + 1], cache=stepped,
+                                     use_cache=True).logits[0] for i in range(590)])
+            assert torch.equal(whole, steps)
+            verify = model(input_ids=ids[:, 590:], cache=read, use_cache=True).logits[0]
+            after = torch.cat([model(input_ids=ids[:, i:i + 1], cache=stepped,
+                                     use_cache=True).logits[0] for i in range(590, 600)])
+            assert torch.equal(verify, after)
+            theirs = module_forward(input_ids=ids, cache=new_cache(model), use_cache=True).logits[0]
+            # rows to float rounding; an activation rounding tie (see TIE_TOLERANCE) moves a row
+            # and the rows after it a little: over 600 rows, a handful
+            errors = (torch.cat([whole, verify]) - theirs).abs().amax(-1) / theirs.abs().max()
+            assert float(errors.max()) < TIE_TOLERANCE
+            assert int((errors >= TOLERANCE).sum()) <= 6 and float(errors.median()) < 1e-6
+    finally:
+        prefill_precision.cache_clear()
