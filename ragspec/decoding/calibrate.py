@@ -54,8 +54,9 @@ MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
 # what a forward costs (3: interleaved rounds, low quantile, spread check; 4: two contexts;
 # 5: packed models step natively on tiled weights; 6: verify rows as independent integer chains;
 # 7: the fp16 KV cache; 8: tiled weights requested into L2 ahead of the kernel, which made
-# one-row steps over weights in memory cheaper than verifies, relative to before).
-CURVE_VERSION = 8
+# one-row steps over weights in memory cheaper than verifies, relative to before; 9: AMD CPUs
+# request them 8 KiB ahead, and prompt rows attend sharing key reads).
+CURVE_VERSION = 9
 
 Clock = Callable[[], float]
 
