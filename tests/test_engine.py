@@ -334,8 +334,10 @@ def test_the_inverse_cdf_draw_never_picks_a_zero_weight_token_and_follows_u():
     picks = [int(sampling_mod.draw(probs, [u])[0]) for u in (0.0, 0.49, 0.5, 0.79, 0.8,
                                                                1 - 2**-53)]
     assert picks == [1, 1, 3, 3, 4, 4]
-    # unnormalised rows: the same tokens
+    # unnormalised rows: the same tokens; a product that rounds up to the total still lands on
+    # the last token with weight
     assert int(sampling_mod.draw(probs * 7, [0.79])[0]) == 3
+    assert int(sampling_mod.draw(torch.tensor([[0.1, 0.3, 0.0]]), [1 - 2**-53])[0]) == 1
 
 
 def test_stop_ends_the_stream_at_the_next_step_and_keeps_what_was_written(tiny_model, tiny_tokenizer):

@@ -80,11 +80,12 @@ def draw(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
     """probs: (n, vocab), rows not necessarily normalised; one uniform per row -> (n,) token
     ids, row i the inverse CDF of probs[i] at uniforms[i] (on probs' device). A token of zero
     weight is never drawn: the search lands on the first token whose running sum exceeds
-    u·total, and u < 1."""
+    u·total, kept below the total (u < 1, but the product may round up to it)."""
     cdf = probs.double().cumsum(-1)  # (n, vocab); fp64 so that a 49k-token sum keeps its tail
     u = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)[:, None]
-    picked = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
-    return picked.clamp_(max=probs.shape[-1] - 1)
+    total = cdf[:, -1:]
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)[:, 0]
 
 
 def sample(probs: torch.Tensor, u: float) -> int:
