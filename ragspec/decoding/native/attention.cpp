@@ -143,12 +143,19 @@ static void row_scores(const float* q, const T* k, int64_t kstride, int64_t lo, 
 }
 
 static float row_softmax(float* s, int64_t n, float softcap) {
+  if (softcap > 0.0f)
+    for (int64_t j = 0; j < n; ++j) s[j] = softcap * std::tanh(s[j] / softcap);
+  // The maximum is exact in any order; lanes first, as std::max would skip a NaN score.
   float mx = -std::numeric_limits<float>::infinity();
-  int64_t j;
-  for (j = 0; j < n; ++j) {
-    if (softcap > 0.0f) s[j] = softcap * std::tanh(s[j] / softcap);
-    mx = std::max(mx, s[j]);
-  }
+  int64_t j = 0;
+#ifdef RS_AVX2
+  __m256 m8 = _mm256_set1_ps(mx);
+  for (; j + 8 <= n; j += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(s + j), m8);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m8);
+  for (const float x : lanes) mx = std::max(mx, x);
+#endif
+  for (; j < n; ++j) mx = std::max(mx, s[j]);
   float total;
   j = 0;
 #ifdef RS_AVX2
@@ -237,24 +244,39 @@ static inline void dot8_shared(const float* const* q, const T* k, int64_t stride
   }
 }
 
-// Values: dimensions c..c+31 of QN queries over keys 0..n-1, each value's 32 dimensions loaded
-// once for all of them (row_values' sums per lane, in its order of keys).
+// Values: dimensions c..c+31 of QN (1-3) queries over keys 0..n-1, each value's 32 dimensions
+// loaded once for all of them (row_values' sums per lane, in its order of keys). The sums live in
+// named registers: as an array indexed by query the compiler kept them in memory, and every
+// key's multiply-add waited on a store and a reload (twice as slow).
 template <typename T, int QN>
 static inline void values32_shared(const float* const* s, const T* v, int64_t vstride, int64_t n, int64_t c,
                                    __m256 (*o)[4]) {
-  for (int a = 0; a < QN; ++a)
-    for (int i = 0; i < 4; ++i) o[a][i] = _mm256_setzero_ps();
+  static_assert(QN >= 1 && QN <= 3, "one to three queries");
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, c0 = a0,
+         c1 = a0, c2 = a0, c3 = a0;
+  const float* s0 = s[0];
+  const float* s1 = s[QN > 1 ? 1 : 0];
+  const float* s2 = s[QN > 2 ? 2 : 0];
   for (int64_t j = 0; j < n; ++j) {
     const T* vj = v + j * vstride + c;
     const __m256 v0 = ld8(vj), v1 = ld8(vj + 8), v2 = ld8(vj + 16), v3 = ld8(vj + 24);
-    for (int a = 0; a < QN; ++a) {
-      const __m256 p = _mm256_set1_ps(s[a][j]);
-      o[a][0] = _mm256_fmadd_ps(p, v0, o[a][0]);
-      o[a][1] = _mm256_fmadd_ps(p, v1, o[a][1]);
-      o[a][2] = _mm256_fmadd_ps(p, v2, o[a][2]);
-      o[a][3] = _mm256_fmadd_ps(p, v3, o[a][3]);
+    __m256 p = _mm256_broadcast_ss(s0 + j);
+    a0 = _mm256_fmadd_ps(p, v0, a0), a1 = _mm256_fmadd_ps(p, v1, a1);
+    a2 = _mm256_fmadd_ps(p, v2, a2), a3 = _mm256_fmadd_ps(p, v3, a3);
+    if constexpr (QN > 1) {
+      p = _mm256_broadcast_ss(s1 + j);
+      b0 = _mm256_fmadd_ps(p, v0, b0), b1 = _mm256_fmadd_ps(p, v1, b1);
+      b2 = _mm256_fmadd_ps(p, v2, b2), b3 = _mm256_fmadd_ps(p, v3, b3);
+    }
+    if constexpr (QN > 2) {
+      p = _mm256_broadcast_ss(s2 + j);
+      c0 = _mm256_fmadd_ps(p, v0, c0), c1 = _mm256_fmadd_ps(p, v1, c1);
+      c2 = _mm256_fmadd_ps(p, v2, c2), c3 = _mm256_fmadd_ps(p, v3, c3);
     }
   }
+  o[0][0] = a0, o[0][1] = a1, o[0][2] = a2, o[0][3] = a3;
+  if constexpr (QN > 1) o[1][0] = b0, o[1][1] = b1, o[1][2] = b2, o[1][3] = b3;
+  if constexpr (QN > 2) o[2][0] = c0, o[2][1] = c1, o[2][2] = c2, o[2][3] = c3;
 }
 #endif
 
@@ -383,23 +405,25 @@ at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor&
   const int64_t runs = (t + kRun - 1) / kRun;
   auto run = [&](const auto* kp, const auto* vp) {
     if (shared) {
-      at::parallel_for(0, hkv * runs, 1, [&](int64_t b, int64_t e) {
+      struct Scratch {
         std::vector<float> s;
         std::vector<const float*> qs;
         std::vector<float*> outs;
         std::vector<int64_t> his;
-        for (int64_t task = b; task < e; ++task) {
-          const int64_t g = task / runs, r0 = (task % runs) * kRun;
-          qs.clear(), outs.clear(), his.clear();
-          for (int64_t row = r0; row < std::min(t, r0 + kRun); ++row)
-            for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-              qs.push_back(qp + (h * t + row) * d);
-              outs.push_back(op + (row * hq + h) * dv);
-              his.push_back(hip[row]);
-            }
-          attend_rows_shared(qs.data(), his.data(), int(qs.size()), kp + g * k.stride(0), vp + g * v.stride(0),
-                             k.stride(1), v.stride(1), d, float(scale), outs.data(), s);
-        }
+      };
+      std::vector<int64_t> cost(hkv * runs);
+      for (int64_t task = 0; task < hkv * runs; ++task) cost[task] = hip[std::min(t, (task % runs + 1) * kRun) - 1];
+      run_dearest_first<Scratch>(cost, [&](Scratch& w, int64_t task) {
+        const int64_t g = task / runs, r0 = (task % runs) * kRun;
+        w.qs.clear(), w.outs.clear(), w.his.clear();
+        for (int64_t row = r0; row < std::min(t, r0 + kRun); ++row)
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            w.qs.push_back(qp + (h * t + row) * d);
+            w.outs.push_back(op + (row * hq + h) * dv);
+            w.his.push_back(hip[row]);
+          }
+        attend_rows_shared(w.qs.data(), w.his.data(), int(w.qs.size()), kp + g * k.stride(0), vp + g * v.stride(0),
+                           k.stride(1), v.stride(1), d, float(scale), w.outs.data(), w.s);
       });
       return;
     }

@@ -10,8 +10,12 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 namespace rs {
@@ -75,6 +79,24 @@ void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const f
 void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const uint16_t* k, const uint16_t* v,
                         int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
                         std::vector<float>& scratch);
+
+// Runs body(worker_state, i) for every task 0 <= i < cost.size() on torch's threads, each thread
+// taking the dearest task not yet taken (tasks handed out one at a time, dearest first), so
+// unequal tasks (prompt rows late in a prompt see more keys) end together instead of the thread
+// with the long rows finishing last. Which thread runs a task never changes its result.
+template <typename State, typename Body>
+void run_dearest_first(const std::vector<int64_t>& cost, const Body& body) {
+  const int64_t n = int64_t(cost.size());
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    State state;
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) body(state, order[i]);
+  });
+}
 
 // n values into a KV cache buffer of fp32 (copied) or fp16 (rounded to nearest even, as torch's
 // conversion rounds, so either writer leaves the same bits).

@@ -359,7 +359,8 @@ class StepModel : public torch::CustomClassHolder {
   // (kb[block[r]], vb[block[r]], capacity caps[block[r]]); all blocks' rows in one parallel region.
   // A block of at least kSharedRows rows (a prompt read) goes in tasks of one key head and a run
   // of kRun rows with the query heads that read it, sharing their key and value loads
-  // (attend_rows_shared); fewer rows (a decode or verify step) in tasks of one row and head.
+  // (attend_rows_shared); fewer rows (a decode or verify step) in tasks of one row and key head
+  // (its query heads sharing the loads) or of one row and query head (see by_key_head).
   // Either way each row and head gets attend_row's arithmetic, bit for bit.
   static constexpr int64_t kSharedRows = 16, kRun = 4;
 
@@ -375,43 +376,60 @@ class StepModel : public torch::CustomClassHolder {
       int64_t key;
     };
     std::vector<Task> tasks;
+    // Rows of steps and verifies (blocks below kSharedRows) go with the query heads of their key
+    // head when that still makes two tasks a thread; else one task per query head (one row of a
+    // 3-key-head model would leave a thread idle for a third of the time).
+    int64_t step_rows = 0;
+    for (int64_t r = 0; r < T;) {
+      int64_t end = r;
+      while (end < T && block[end] == block[r]) ++end;
+      if (end - r < kSharedRows) step_rows += end - r;
+      r = end;
+    }
+    const bool by_key_head = group > 1 && step_rows * kv_heads_ >= 2 * int64_t(at::get_num_threads());
     for (int64_t r = 0; r < T;) {
       int64_t end = r;
       while (end < T && block[end] == block[r]) ++end;  // the block's rows: r..end-1
       if (end - r >= kSharedRows) {
         for (int64_t g = 0; g < kv_heads_; ++g)
           for (int64_t a = r; a < end; a += kRun) tasks.push_back({a, std::min(kRun, end - a), -1, g});
+      } else if (by_key_head) {  // one row with the query heads of one key head
+        for (int64_t g = 0; g < kv_heads_; ++g)
+          for (int64_t a = r; a < end; ++a) tasks.push_back({a, 1, -1, g});
       } else {
         for (int64_t hh = 0; hh < heads_; ++hh)
           for (int64_t a = r; a < end; ++a) tasks.push_back({a, 1, hh, hh / group});
       }
       r = end;
     }
-    at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t b, int64_t e) {
-      std::vector<float> scratch;
+    struct Scratch {
+      std::vector<float> s;
       std::vector<const float*> qs;
       std::vector<float*> outs;
       std::vector<int64_t> his;
-      for (int64_t i = b; i < e; ++i) {
-        const Task& t = tasks[i];
-        const int64_t s = block[t.r0], cap = caps[s], g = t.key;
-        const KV* kg = kb[s] + g * cap * head_dim_;
-        const KV* vg = vb[s] + g * cap * head_dim_;
-        if (t.head >= 0) {
-          attend_row(q + (t.r0 * heads_ + t.head) * head_dim_, kg, vg, head_dim_, head_dim_, 0, pos[t.r0],
-                     head_dim_, scale_, 0.0f, out + (t.r0 * heads_ + t.head) * head_dim_, scratch);
-          continue;
-        }
-        qs.clear(), outs.clear(), his.clear();
-        for (int64_t r = t.r0; r < t.r0 + t.rows; ++r)
-          for (int64_t hh = g * group; hh < (g + 1) * group; ++hh) {
-            qs.push_back(q + (r * heads_ + hh) * head_dim_);
-            outs.push_back(out + (r * heads_ + hh) * head_dim_);
-            his.push_back(pos[r]);
-          }
-        attend_rows_shared(qs.data(), his.data(), int(qs.size()), kg, vg, head_dim_, head_dim_, head_dim_, scale_,
-                           outs.data(), scratch);
+    };
+    std::vector<int64_t> cost(tasks.size());
+    for (size_t i = 0; i < tasks.size(); ++i)  // keys read, times the query rows reading them
+      cost[i] = (pos[tasks[i].r0 + tasks[i].rows - 1] + 1) * tasks[i].rows * (tasks[i].head >= 0 ? 1 : group);
+    run_dearest_first<Scratch>(cost, [&](Scratch& w, int64_t i) {
+      const Task& t = tasks[i];
+      const int64_t s = block[t.r0], cap = caps[s], g = t.key;
+      const KV* kg = kb[s] + g * cap * head_dim_;
+      const KV* vg = vb[s] + g * cap * head_dim_;
+      if (t.head >= 0) {
+        attend_row(q + (t.r0 * heads_ + t.head) * head_dim_, kg, vg, head_dim_, head_dim_, 0, pos[t.r0], head_dim_,
+                   scale_, 0.0f, out + (t.r0 * heads_ + t.head) * head_dim_, w.s);
+        return;
       }
+      w.qs.clear(), w.outs.clear(), w.his.clear();
+      for (int64_t r = t.r0; r < t.r0 + t.rows; ++r)
+        for (int64_t hh = g * group; hh < (g + 1) * group; ++hh) {
+          w.qs.push_back(q + (r * heads_ + hh) * head_dim_);
+          w.outs.push_back(out + (r * heads_ + hh) * head_dim_);
+          w.his.push_back(pos[r]);
+        }
+      attend_rows_shared(w.qs.data(), w.his.data(), int(w.qs.size()), kg, vg, head_dim_, head_dim_, head_dim_,
+                         scale_, w.outs.data(), w.s);
     });
     attend_ns_ += since(t0);
   }
