@@ -126,3 +126,27 @@ def test_a_crashed_commit_leaves_the_named_keyword_file_and_the_next_writer_clea
     assert store._keyword_ids("E204", 5) == []
     assert _reopen(opened, store, where)._keyword_ids("late note", 5) == \
         _fresh_top(store, "late note", 5)
+
+
+def test_passages_found_by_keywords_alone_come_back_with_their_cosines(tmp_path, opened):
+    """A hybrid hit outside the dense top 50 is fetched by id (by row key on Milvus: passage id
+    and the generation of its document's visible version): every current passage comes back
+    with the FAISS folder's passage and cosine, a replaced version's old ids do not."""
+    docs = _corpus(tmp_path, 8)
+    folder = opened(str(tmp_path / "index"))
+    milvus = opened(f"milvus:{tmp_path}/f.db")
+    for store in (folder, milvus):
+        ingest_paths(sorted(docs.iterdir()), store)
+    old = {p.id for p in milvus.passages() if "Note 3 " in p.text}
+    (docs / "note03.txt").write_text("Note three, replaced: the quota error is E777 now.\n")
+    for store in (folder, milvus):
+        ingest_paths([docs / "note03.txt"], store)  # a second generation of one document
+    ids = sorted(p.id for p in folder.passages())
+    assert ids == sorted(p.id for p in milvus.passages()) and old and not old & set(ids)
+    vector = HashEmbedder().embed_array(["which quota error"])[0]
+    theirs, ours = folder._fetch(ids, vector), milvus._fetch(ids, vector)
+    assert sorted(ours) == ids
+    for pid in ids:
+        assert ours[pid][0] == theirs[pid][0]
+        assert ours[pid][1] == pytest.approx(theirs[pid][1], abs=1e-6)
+    assert milvus._fetch(sorted(old), vector) == {}

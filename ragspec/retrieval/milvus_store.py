@@ -51,7 +51,7 @@ from ragspec.retrieval.milvus_keywords import MilvusKeywords
 from ragspec.retrieval.milvus_location import MilvusLocation
 from ragspec.retrieval.milvus_schema import document_row, quiet_imports
 from ragspec.retrieval.records import DocumentInfo, Passage
-from ragspec.retrieval.store_base import PassageEmbedder, StoreBase, check_model
+from ragspec.retrieval.store_base import PassageEmbedder, StoreBase, check_model, passage_doc_id
 
 logger = logging.getLogger(__name__)
 
@@ -277,9 +277,15 @@ class MilvusStore(StoreBase):
         return list(found[0]) if found else []
 
     def _fetch(self, ids: list[str], vector: np.ndarray) -> dict[str, tuple[Passage, float]]:
+        # By row key ("<pid>@<gen of its document's visible version>"): Milvus looks primary keys
+        # up, where a filter on pid is evaluated over every row (at 1M passages ~100 ms a call).
+        keys = [f"{pid}@{self._doc_gen[doc]}" for pid in ids
+                if (doc := passage_doc_id(pid)) in self._doc_gen]
+        if not keys:
+            return {}
         client = self._connected()
         rows = self._call("read", client.query, self._names()[0],
-                          filter=f"{self._visible()} and pid in {json.dumps(ids)}",
+                          filter=f"pk in {json.dumps(keys)} and {self._visible()}",
                           output_fields=[*_OUT, "vector"], **_STRONG)
         return {r["pid"]: (self._passage(r), float(np.asarray(r["vector"], np.float32) @ vector))
                 for r in rows}

@@ -58,6 +58,17 @@ def doc_id_for(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
 
 
+def passage_id(doc_id: str, sha256: str, i: int) -> str:
+    """Passage i of the document version with content hash `sha256`: the hash in the id, so a
+    changed file's passages never reuse old ids."""
+    return f"{doc_id}-{sha256[:8]}-{i:05d}"
+
+
+def passage_doc_id(pid: str) -> str:
+    """The document id a passage id (passage_id) starts with."""
+    return pid.rsplit("-", 2)[0]
+
+
 class PassageEmbedder(TokenCounter, Protocol):
     """What a store (and ingest) need from an embedding model: `ragspec.retrieval.embeddings.Embedder`,
     or anything shaped like it (the tests' HashEmbedder)."""
@@ -278,8 +289,7 @@ class StoreBase:
         if doc_id in self._documents:
             self._remove_unlocked(doc_id)
         passages = [
-            # The content hash in the id: a changed file's passages never reuse old ids.
-            Passage(id=f"{doc_id}-{sha256[:8]}-{i:05d}", doc_id=doc_id, text=d.text,
+            Passage(id=passage_id(doc_id, sha256, i), doc_id=doc_id, text=d.text,
                     source=source, page=d.page, start=d.start)
             for i, d in enumerate(drafts)
         ]
