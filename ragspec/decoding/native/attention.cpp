@@ -405,15 +405,9 @@ at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor&
   const int64_t runs = (t + kRun - 1) / kRun;
   auto run = [&](const auto* kp, const auto* vp) {
     if (shared) {
-      struct Scratch {
-        std::vector<float> s;
-        std::vector<const float*> qs;
-        std::vector<float*> outs;
-        std::vector<int64_t> his;
-      };
       std::vector<int64_t> cost(hkv * runs);
       for (int64_t task = 0; task < hkv * runs; ++task) cost[task] = hip[std::min(t, (task % runs + 1) * kRun) - 1];
-      run_dearest_first<Scratch>(cost, [&](Scratch& w, int64_t task) {
+      run_dearest_first<SharedRowsScratch>(cost, [&](SharedRowsScratch& w, int64_t task) {
         const int64_t g = task / runs, r0 = (task % runs) * kRun;
         w.qs.clear(), w.outs.clear(), w.his.clear();
         for (int64_t row = r0; row < std::min(t, r0 + kRun); ++row)

@@ -80,6 +80,15 @@ void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const u
                         int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
                         std::vector<float>& scratch);
 
+// One thread's reusable buffers for gathering attend_rows_shared's queries, outputs and key
+// ranges, and its scratch.
+struct SharedRowsScratch {
+  std::vector<float> s;
+  std::vector<const float*> qs;
+  std::vector<float*> outs;
+  std::vector<int64_t> his;
+};
+
 // Runs body(worker_state, i) for every task 0 <= i < cost.size() on torch's threads, each thread
 // taking the dearest task not yet taken (tasks handed out one at a time, dearest first), so
 // unequal tasks (prompt rows late in a prompt see more keys) end together instead of the thread

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -379,17 +380,15 @@ class StepModel : public torch::CustomClassHolder {
     // Rows of steps and verifies (blocks below kSharedRows) go with the query heads of their key
     // head when that still makes two tasks a thread; else one task per query head (one row of a
     // 3-key-head model would leave a thread idle for a third of the time).
+    std::vector<std::pair<int64_t, int64_t>> blocks;  // each block's rows: r..end-1
     int64_t step_rows = 0;
-    for (int64_t r = 0; r < T;) {
-      int64_t end = r;
-      while (end < T && block[end] == block[r]) ++end;
+    for (int64_t r = 0, end; r < T; r = end) {
+      for (end = r; end < T && block[end] == block[r];) ++end;
+      blocks.emplace_back(r, end);
       if (end - r < kSharedRows) step_rows += end - r;
-      r = end;
     }
     const bool by_key_head = group > 1 && step_rows * kv_heads_ >= 2 * int64_t(at::get_num_threads());
-    for (int64_t r = 0; r < T;) {
-      int64_t end = r;
-      while (end < T && block[end] == block[r]) ++end;  // the block's rows: r..end-1
+    for (const auto& [r, end] : blocks) {
       if (end - r >= kSharedRows) {
         for (int64_t g = 0; g < kv_heads_; ++g)
           for (int64_t a = r; a < end; a += kRun) tasks.push_back({a, std::min(kRun, end - a), -1, g});
@@ -400,18 +399,11 @@ class StepModel : public torch::CustomClassHolder {
         for (int64_t hh = 0; hh < heads_; ++hh)
           for (int64_t a = r; a < end; ++a) tasks.push_back({a, 1, hh, hh / group});
       }
-      r = end;
     }
-    struct Scratch {
-      std::vector<float> s;
-      std::vector<const float*> qs;
-      std::vector<float*> outs;
-      std::vector<int64_t> his;
-    };
     std::vector<int64_t> cost(tasks.size());
     for (size_t i = 0; i < tasks.size(); ++i)  // keys read, times the query rows reading them
       cost[i] = (pos[tasks[i].r0 + tasks[i].rows - 1] + 1) * tasks[i].rows * (tasks[i].head >= 0 ? 1 : group);
-    run_dearest_first<Scratch>(cost, [&](Scratch& w, int64_t i) {
+    run_dearest_first<SharedRowsScratch>(cost, [&](SharedRowsScratch& w, int64_t i) {
       const Task& t = tasks[i];
       const int64_t s = block[t.r0], cap = caps[s], g = t.key;
       const KV* kg = kb[s] + g * cap * head_dim_;
