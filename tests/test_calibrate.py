@@ -43,6 +43,39 @@ def test_damaged_cache_is_remeasured(tiny_model, tmp_path, monkeypatch):
     json.loads((tmp_path / calibrate.COSTS_FILE).read_text())
 
 
+def test_a_packed_model_s_curve_holds_for_the_kernel_build_that_measured_it(
+        tiny_model, tmp_path, monkeypatch):
+    """Faster kernels change the curve's shape (a cheaper verify): a curve cached under one
+    build of the native kernels is not used with another; fp32 models do not run them."""
+    from conftest import MODEL_CACHE
+    from test_packed import packed_copy
+
+    from ragspec.decoding import native
+
+    native.ops(MODEL_CACHE)  # as the product loads them before any packed model
+    assert native.loaded_build()
+    packed = packed_copy(tiny_model, "int8", tmp_path / "packed")
+    keys = {}
+    for build in ("aaaa", "bbbb"):
+        monkeypatch.setattr(native, "_built", build)
+        keys[build] = cost_key(packed, CPU, torch.float32)
+        assert f"-k{build}" in keys[build]
+        assert cost_key(tiny_model, CPU, torch.float32) == cost_key(tiny_model, CPU, torch.float32)
+        assert build not in cost_key(tiny_model, CPU, torch.float32)
+    assert keys["aaaa"] != keys["bbbb"]
+    monkeypatch.setattr(calibrate, "MAX_SPREAD", 10.0)
+    monkeypatch.setattr(native, "_built", "aaaa")
+    first = load_or_measure(packed, CPU, torch.float32, 3, tmp_path)
+    table = json.loads((tmp_path / calibrate.COSTS_FILE).read_text())
+    table[keys["aaaa"]]["seconds"] = [9.0] * 3  # what this build measured
+    (tmp_path / calibrate.COSTS_FILE).write_text(json.dumps(table))
+    assert load_or_measure(packed, CPU, torch.float32, 3, tmp_path).seconds == [9.0] * 3
+    monkeypatch.setattr(native, "_built", "bbbb")  # other kernels: measured again
+    again = load_or_measure(packed, CPU, torch.float32, 3, tmp_path)
+    assert again.seconds != [9.0] * 3 and len(again.seconds) == len(first.seconds)
+    assert set(json.loads((tmp_path / calibrate.COSTS_FILE).read_text())) >= set(keys.values())
+
+
 TRUE = [0.050, 0.052, 0.058, 0.066, 0.075, 0.081, 0.090, 0.098]  # seconds, one machine's shape
 
 

@@ -30,6 +30,9 @@ COVERED = {
     "qwen3": {},  # per-head q/k norms
     "granite": dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
                     logits_scaling=4.0),
+    # layer 0 takes no rotary positions; untied, as a tied random model repeats its last token
+    # (every draft would be accepted)
+    "smollm3": dict(no_rope_layers=[0, 1], tie_word_embeddings=False),
 }
 WEIGHTS = ("int8", "int4", "bf16")
 # |native - module| over the logits' scale; float rounding in norms, rotary and activations

@@ -17,7 +17,9 @@ tokens makes the policy draft long). So the measurement:
     and the live check take the curve at the context they are at.
 
 Cached curves live in one JSON file next to the converted models, keyed by model, shape,
-device, weights and thread count, each with when and how it was measured; writers take a file
+device, weights and thread count, and for packed weights by the build of the native kernels
+that run them (a change to the kernels, the compiler or the CPU makes a new curve), each with
+when and how it was measured; writers take a file
 lock, so two processes saving at once keep both entries. `CostWatch` compares live step times
 with the curve's shape at the same context; when they disagree for a sustained stretch the
 generator marks the curve due for a re-measure, which its owner runs between generations
@@ -39,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from ragspec.decoding import native
 from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.packed import packed_formats, step_forward
 from ragspec.decoding.policy import ForwardCost
@@ -112,6 +115,9 @@ def cost_key(model, device: torch.device, dtype: torch.dtype) -> str:
              f"-H{getattr(cfg, 'hidden_size', '?')}")
     formats = packed_formats(model)
     variant = "packed-" + "+".join(formats) if formats else str(dtype).replace("torch.", "")
+    kernels = native.loaded_build() if formats else None
+    if kernels:  # packed weights run the native kernels: a curve holds for their build only
+        variant += f"-k{kernels}"
     threads = torch.get_num_threads() if device.type == "cpu" else 0
     return f"{Path(str(name)).name}|{shape}|{device.type}|{variant}|t{threads}|v{CURVE_VERSION}"
 

@@ -36,7 +36,8 @@ What stays as it was:
     engine, and a batched forward equals each sequence alone, on the same model object.
 
 Families are one code path with parameters (FAMILIES): optional biases on every product
-(Qwen2), per-head q/k norms (Qwen3), residual/embedding/logit multipliers (Granite). A family
+(Qwen2), per-head q/k norms (Qwen3), residual/embedding/logit multipliers (Granite), layers
+without rotary positions (SmolLM3's every fourth, `use_rope` false on its attention). A family
 not listed, sliding-window layers, partial or dynamic rotary positions, or an activation other
 than SiLU keep the module path.
 """
@@ -95,7 +96,7 @@ class Variant:
 # Families checked against their module forward by the test suite (tests/test_native_step.py).
 FAMILIES: dict[str, Variant] = {
     "llama": Variant(), "mistral": Variant(), "qwen2": Variant(),
-    "qwen3": Variant(qk_norm=True), "granite": Variant(multipliers=True),
+    "qwen3": Variant(qk_norm=True), "granite": Variant(multipliers=True), "smollm3": Variant(),
 }
 
 
@@ -135,6 +136,7 @@ def _arguments(model, variant: Variant) -> tuple[list, list, list]:
     head = model.get_output_embeddings()
     tensors: list = [rotary.inv_freq.float(), inner.norm.weight.data]
     formats: list = []
+    rotary: list = []  # per layer: 1 when its q and k take rotary positions
     head_tensors: list = []
     _linear(head, "the LM head", head_tensors, formats)
     tensors += head_tensors
@@ -147,6 +149,7 @@ def _arguments(model, variant: Variant) -> tuple[list, list, list]:
         if scale is not None and attn.scaling != scale:
             raise _Unsupported("layers with different attention scales")
         scale = attn.scaling
+        rotary.append(int(bool(getattr(attn, "use_rope", True))))
         tensors.append(norm1.weight.data)
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             _linear(getattr(attn, name), f"layer {i} {name}", tensors, formats)
@@ -158,8 +161,9 @@ def _arguments(model, variant: Variant) -> tuple[list, list, list]:
         else:
             tensors += [_empty(), _empty()]
     head_format = formats.pop(0)
+    per_layer = [v for i, flag in enumerate(rotary) for v in (*formats[7 * i:7 * i + 7], flag)]
     ints = [len(inner.layers), cfg.hidden_size, heads, kv_heads, head_dim, cfg.intermediate_size,
-            head.out_features, *formats, head_format]
+            head.out_features, *per_layer, head_format]
     resid = embed = logit = 1.0
     if variant.multipliers:
         resid, embed = float(cfg.residual_multiplier), float(cfg.embedding_multiplier)

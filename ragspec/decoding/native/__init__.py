@@ -52,6 +52,7 @@ def tuning_flags() -> tuple[str, ...]:
 _lock = threading.Lock()
 _loaded = False
 _reason: str | None = None
+_built: str | None = None  # build_key() of the kernels this process loaded
 
 
 class KernelsUnavailable(RuntimeError):
@@ -107,10 +108,12 @@ def build_folder(cache_dir: Path | str) -> Path:
 
 
 def _build(cache_dir: Path) -> None:
+    global _built
     from filelock import FileLock
     from torch.utils.cpp_extension import load
 
     folder = build_folder(cache_dir)
+    _built = folder.name
     folder.mkdir(parents=True, exist_ok=True)
     # torch runs `ninja` from PATH: the one installed with ragspec sits beside this Python
     bins = [str(Path(sys.executable).parent)]
@@ -176,3 +179,9 @@ def unavailable_reason() -> str | None:
 def loaded() -> bool:
     """True once the kernels are loaded in this process (ops can be called directly)."""
     return _loaded
+
+
+def loaded_build() -> str | None:
+    """The build key of the kernels loaded in this process (None before they are): what a
+    measurement of their speed is valid for (ragspec.decoding.calibrate keys its curves by it)."""
+    return _built if _loaded else None

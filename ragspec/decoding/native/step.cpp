@@ -6,8 +6,8 @@
 // the caller's cache buffers, attention over the cache (attend_row, the kernel of attention.cpp),
 // the output product, the gated MLP, the residuals, the final norm and the LM head. The family
 // differences are parameters, never separate code paths: biases are optional on every product,
-// q/k norms optional, and the residual, embedding and logit multipliers and the norm weight
-// offset are numbers (1, 1, 1, 0 for Llama).
+// q/k norms optional, rotary positions on or off per layer, and the residual, embedding and
+// logit multipliers and the norm weight offset are numbers (1, 1, 1, 0 for Llama).
 //
 // Row invariance: every operation computes a row from that row alone, in a fixed order (norms,
 // rotary and activations are per-row loops; products and attention are kernels.h's row-invariant
@@ -58,6 +58,7 @@ struct Linear {
 struct Layer {
   at::Tensor attn_norm, mlp_norm, q_norm, k_norm;  // q/k norms empty when the family has none
   Linear q, k, v, o, gate, up, down;
+  bool rotary = true;  // false: the layer's q and k take no rotary positions (SmolLM3's NoPE layers)
 };
 
 // One product to run: y[r * ldy + c] for the columns of w, from prepared activations.
@@ -105,17 +106,19 @@ void silu_mul(float* g, const float* u, int64_t n) {
 class StepModel : public torch::CustomClassHolder {
  public:
   // tensors: inv_freq, final_norm, head, head_bias, then per layer kSlots tensors (see slot order
-  // in step.py); ints: layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, then
-  // per layer the formats of q, k, v, o, gate, up, down, then the head's format; floats: eps,
+  // in native_step.py); ints: layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, then
+  // per layer the formats of q, k, v, o, gate, up, down and whether it takes rotary positions
+  // (1) or none (0), then the head's format; floats: eps,
   // attention scale, rotary scaling, residual multiplier, embedding multiplier, logit
   // multiplier, norm weight offset.
-  static constexpr int64_t kSlots = 18;
+  static constexpr int64_t kSlots = 18, kLayerInts = 8;
 
   StepModel(std::vector<at::Tensor> t, std::vector<int64_t> ints, std::vector<double> floats) {
     TORCH_CHECK(ints.size() >= 7 && floats.size() == 7, "StepModel: bad header");
     layers_ = ints[0], hidden_ = ints[1], heads_ = ints[2], kv_heads_ = ints[3], head_dim_ = ints[4];
     inter_ = ints[5], vocab_ = ints[6];
-    TORCH_CHECK(int64_t(ints.size()) == 7 + 7 * layers_ + 1, "StepModel: expected ", 7 + 7 * layers_ + 1, " ints");
+    TORCH_CHECK(int64_t(ints.size()) == 7 + kLayerInts * layers_ + 1, "StepModel: expected ",
+                7 + kLayerInts * layers_ + 1, " ints");
     TORCH_CHECK(int64_t(t.size()) == 4 + kSlots * layers_, "StepModel: expected ", 4 + kSlots * layers_, " tensors");
     TORCH_CHECK(heads_ % kv_heads_ == 0 && head_dim_ % 2 == 0, "StepModel: bad head layout");
     eps_ = float(floats[0]), scale_ = float(floats[1]), rope_scale_ = float(floats[2]);
@@ -123,11 +126,11 @@ class StepModel : public torch::CustomClassHolder {
     norm_offset_ = float(floats[6]);
     inv_freq_ = fp32(t[0], head_dim_ / 2, "inv_freq");
     final_norm_ = fp32(t[1], hidden_, "final norm");
-    head_ = linear(t[2], t[3], ints[7 + 7 * layers_], hidden_, vocab_);
+    head_ = linear(t[2], t[3], ints[7 + kLayerInts * layers_], hidden_, vocab_);
     const int64_t qd = heads_ * head_dim_, kvd = kv_heads_ * head_dim_;
     for (int64_t l = 0; l < layers_; ++l) {
       const at::Tensor* s = t.data() + 4 + kSlots * l;
-      const int64_t* f = ints.data() + 7 + 7 * l;
+      const int64_t* f = ints.data() + 7 + kLayerInts * l;
       Layer L;
       L.attn_norm = fp32(s[0], hidden_, "attention norm");
       L.q = linear(s[1], s[2], f[0], hidden_, qd);
@@ -140,6 +143,8 @@ class StepModel : public torch::CustomClassHolder {
       L.down = linear(s[14], s[15], f[6], inter_, hidden_);
       L.q_norm = s[16].numel() ? fp32(s[16], head_dim_, "q norm") : s[16];
       L.k_norm = s[17].numel() ? fp32(s[17], head_dim_, "k norm") : s[17];
+      TORCH_CHECK(f[7] == 0 || f[7] == 1, "StepModel: layer ", l, "'s rotary flag must be 0 or 1");
+      L.rotary = f[7] == 1;
       layers.push_back(std::move(L));
     }
   }
@@ -239,8 +244,10 @@ class StepModel : public torch::CustomClassHolder {
         rms_norm(q.data(), head_dim_, T * heads_, head_dim_, L.q_norm.data_ptr<float>(), eps_, norm_offset_, q.data(), head_dim_);
         rms_norm(k.data(), head_dim_, T * kv_heads_, head_dim_, L.k_norm.data_ptr<float>(), eps_, norm_offset_, k.data(), head_dim_);
       }
-      rotate(q.data(), T, heads_, cs, sn);
-      rotate(k.data(), T, kv_heads_, cs, sn);
+      if (L.rotary) {
+        rotate(q.data(), T, heads_, cs, sn);
+        rotate(k.data(), T, kv_heads_, cs, sn);
+      }
       for (int64_t s = 0; s < S; ++s) {
         kbs[s] = static_cast<KV*>(keys[s * layers_ + l].data_ptr());
         vbs[s] = static_cast<KV*>(values[s * layers_ + l].data_ptr());
