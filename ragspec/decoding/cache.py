@@ -56,7 +56,10 @@ class _OneSequence:
 class GrowingLayer(_OneSequence, DynamicLayer):
     """DynamicLayer whose keys/values are views of a buffer that doubles when full. With
     `dtype` (the model's `_ragspec_kv_dtype`, e.g. fp16) the buffer stores that type and the new
-    keys and values are rounded to it as they are written; else the type the forward gives."""
+    keys and values are rounded to it as they are written; else the type the forward gives.
+    The views are made when `keys`/`values` are read, not when the length changes: the native
+    step writes the buffers and reads them itself, and making two views per layer at every
+    forward and every rollback took ~0.2 ms of a 5 ms step of a 30-layer model."""
 
     def __init__(self, dtype: torch.dtype | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -80,9 +83,23 @@ class GrowingLayer(_OneSequence, DynamicLayer):
         self._key_buf = grown(self._key_buf, key_states)
         self._value_buf = grown(self._value_buf, value_states)
 
-    def _publish(self) -> None:
-        self.keys = self._key_buf[..., : self._length, :]
-        self.values = self._value_buf[..., : self._length, :]
+    @property
+    def keys(self) -> torch.Tensor | None:
+        buf = self.__dict__.get("_key_buf")
+        return self.__dict__.get("_keys") if buf is None else buf[..., : self._length, :]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:  # what DynamicLayer sets before a buffer
+        self._keys = value
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        buf = self.__dict__.get("_value_buf")
+        return self.__dict__.get("_values") if buf is None else buf[..., : self._length, :]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._values = value
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +110,6 @@ class GrowingLayer(_OneSequence, DynamicLayer):
         self._key_buf[..., start:end, :].copy_(key_states)
         self._value_buf[..., start:end, :].copy_(value_states)
         self._length = end
-        self._publish()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -105,7 +121,6 @@ class GrowingLayer(_OneSequence, DynamicLayer):
         if tokens_to_remove == 0 or not self.is_initialized:
             return
         self._length = max(0, self._length + tokens_to_remove)
-        self._publish()
 
     def reset(self) -> None:
         super().reset()

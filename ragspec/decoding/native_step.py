@@ -358,8 +358,7 @@ def _publish(layers, keys: list, values: list, end: int) -> None:
     """Record that the layers now hold `end` positions (the native step wrote them)."""
     for layer, k, v in zip(layers, keys, values, strict=True):
         if type(layer) is GrowingLayer:
-            layer._length = end
-            layer._publish()
+            layer._length = end  # its keys and values are views made when read
         else:
             layer.keys, layer.values = k, v
 
