@@ -7,6 +7,8 @@ Contract:
     temporary file is removed and `path` is untouched. Two writers at once never mix their
     bytes: the last rename wins. The new file gets `mode` (less the umask); its temporary name
     starts with "." and ends with ".tmp", so folder listings that skip hidden files skip it.
+    `write_parts_atomically(path, parts)` is the same for bytes given piece by piece (a file
+    larger than one should hold in memory at once).
   * `write_durably(path, data)` writes `path` in place and flushes it to disk: the first step of
     a commit that renames several files itself (retrieval/persist.py).
   * `fsync_dir(directory)` makes renames in `directory` durable (a no-op where directories
@@ -20,18 +22,27 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 
 def write_atomically(path: str | os.PathLike, data: bytes | str, *, mode: int = 0o666) -> None:
     """Replace `path` with `data` (see the module docstring)."""
-    path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
+    write_parts_atomically(path, (payload,), mode=mode)
+
+
+def write_parts_atomically(path: str | os.PathLike, parts: Iterable[bytes], *,
+                           mode: int = 0o666) -> None:
+    """Replace `path` with the concatenation of `parts`, written as they come (see the module
+    docstring)."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), mode)
         with os.fdopen(fd, "wb") as out:
-            out.write(payload)
+            for part in parts:
+                out.write(part)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)

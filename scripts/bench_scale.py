@@ -8,6 +8,10 @@ Usage:
       --sizes 10000,100000,1000000 --repeats 3 [--baseline-ref main] --json OUT
   PYTHONPATH=. python scripts/bench_scale.py search --texts /tmp/scale-texts.jsonl \\
       --sizes 10000,100000,1000000 --backends faiss,milvus --repeats 3 --json OUT
+  PYTHONPATH=. python scripts/bench_scale.py search --texts /tmp/scale-texts.jsonl \\
+      --sizes 1000000 --backends milvus --keep /tmp/kept   # keep the index, then time it again:
+  PYTHONPATH=. python scripts/bench_scale.py retime --texts /tmp/scale-texts.jsonl \\
+      --index milvus:/tmp/kept/milvus-1000000/index.db --n 1000000 --json OUT
   PYTHONPATH=. python scripts/bench_scale.py ingest --texts /tmp/scale-texts.jsonl \\
       --sizes 100000,1000000 --code .,/work/main --json OUT   # before/after, vectors given
   PYTHONPATH=. python scripts/bench_scale.py hybrid --texts /tmp/scale-texts.jsonl \
@@ -407,18 +411,21 @@ def _pid(doc_id_for, doc: int, i: int) -> str:
     return f"{doc_id_for(f'/scale/doc-{doc:07d}.txt')}-{f'{doc:064x}'[:8]}-{i:05d}"
 
 
-def _search_child(texts_path: Path, n: int, backend: str, repeats: int) -> dict:
+def _search_child(texts_path: Path, n: int, backend: str, repeats: int,
+                  keep: Path | None) -> dict:
     import gc
+    import shutil
 
     from ragspec.retrieval.backends import open_index
     from ragspec.retrieval.passages import PassageDraft
-    from ragspec.retrieval.store_base import doc_id_for
 
     saved = np.load(_vectors_path(texts_path))
     questions = [str(q) for q in saved["questions"]]
     lookup = _Lookup(questions, saved["queries"])
     base = saved["base"]
-    scratch = Path(tempfile.mkdtemp(prefix=f"scale-{backend}-"))
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=False)
+    scratch = keep or Path(tempfile.mkdtemp(prefix=f"scale-{backend}-"))
     where = str(scratch / "index") if backend == "faiss" else f"milvus:{scratch}/index.db"
     if backend == "milvus-ivf":  # approximate from the start: IVF_FLAT lists
         os.environ["RAGSPEC_MILVUS_INDEX"] = "IVF_FLAT"
@@ -456,6 +463,24 @@ def _search_child(texts_path: Path, n: int, backend: str, repeats: int) -> dict:
     out = {"backend": backend, "passages": n, "ingest_s": round(ingest, 2),
            "ingest_passages_per_s": round(n / ingest, 1), "commits": commits,
            "open_s": round(opened, 2), "rss_after_ingest_mb": round(peak_rss_mb(), 1)}
+    _measure(store, saved, n, repeats, out, children=backend != "faiss")
+    out["disk_mb"] = round(sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file())
+                           / 2**20, 1)
+    store.close()
+    if keep is None:
+        shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        out["index"] = where
+    return out
+
+
+def _measure(store, saved, n: int, repeats: int, out: dict, children: bool) -> None:
+    """First searches (they build what is built lazily), then the timed dense and hybrid
+    searches under the timing lock, recall@10 of dense search against a brute-force scan of
+    the same vectors, and the peak RSS, into `out`."""
+    from ragspec.retrieval.store_base import doc_id_for
+
+    questions = [str(q) for q in saved["questions"]]
     for mode in ("dense", "hybrid"):
         started = time.perf_counter()
         store.retrieve(questions[0], k=K, mode=mode)  # warm: the first search builds / seals
@@ -469,18 +494,13 @@ def _search_child(texts_path: Path, n: int, backend: str, repeats: int) -> dict:
                     store.retrieve(q, k=K, mode=mode)
                     timed.append(time.perf_counter() - t)
             out[mode] = percentiles(timed)
-    # recall@10 of dense search against a brute-force scan of the same vectors
-    truth = _exact_top(base, n, saved["queries"], 10)
+    truth = _exact_top(saved["base"], n, saved["queries"], 10)
     hits = 0
     for q, expected in zip(questions, truth, strict=True):
         found = {h.passage.id for h in store.retrieve(q, k=10, mode="dense").hits}
         hits += sum(_pid(doc_id_for, d, i) in found for d, i in expected)
     out["recall_at_10"] = round(hits / (10 * len(questions)), 4)
-    out["peak_rss_mb"] = round(peak_rss_mb(children=backend != "faiss"), 1)
-    out["disk_mb"] = round(sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file())
-                           / 2**20, 1)
-    store.close()
-    return out
+    out["peak_rss_mb"] = round(peak_rss_mb(children=children), 1)
 
 
 @main.command()
@@ -491,21 +511,54 @@ def _search_child(texts_path: Path, n: int, backend: str, repeats: int) -> dict:
               help="faiss, milvus (exact FLAT) and milvus-ivf (IVF_FLAT, approximate).")
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Build each index in KEEP/<backend>-<n> (new folders) and keep it, for "
+                   "`retime`; by default the indexes are deleted after measuring.")
 @click.option("--child", hidden=True, default=None)
-def search(texts_path, sizes, names, repeats, json_out, child) -> None:
+def search(texts_path, sizes, names, repeats, json_out, keep, child) -> None:
     """Store-side ingest, open, and dense/hybrid search latency and memory per backend."""
     if child:
         backend, n = child.split(":")
-        click.echo(json.dumps(_search_child(texts_path, int(n), backend, repeats)))
+        where = keep / f"{backend}-{n}" if keep is not None else None
+        click.echo(json.dumps(_search_child(texts_path, int(n), backend, repeats, where)))
         return
     results = []
     for n in [int(s) for s in sizes.split(",")]:
         for backend in names.split(","):
             results.append(_in_child(["search", "--texts", str(texts_path), "--repeats",
-                                      str(repeats), "--child", f"{backend}:{n}"]))
+                                      str(repeats), "--child", f"{backend}:{n}",
+                                      *(["--keep", str(keep)] if keep is not None else [])]))
             click.echo(json.dumps(results[-1]))
     if json_out:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+@main.command()
+@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+              required=True)
+@click.option("--index", "where", required=True,
+              help="An index `search --keep` left (its `index` field).")
+@click.option("--n", type=int, required=True, help="The passages it holds (for recall).")
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+def retime(texts_path, where, n, repeats, json_out) -> None:
+    """Open a kept index again and measure its searches as `search` does (RAGSPEC_DENSE=exact
+    in the environment times exact dense search)."""
+    from ragspec.retrieval.backends import open_index
+
+    saved = np.load(_vectors_path(texts_path))
+    lookup = _Lookup([str(q) for q in saved["questions"]], saved["queries"])
+    started = time.perf_counter()
+    store = open_index(where, lookup)
+    out = {"index": where, "passages": n, "dense_mode": os.environ.get("RAGSPEC_DENSE", "auto"),
+           "open_s": round(time.perf_counter() - started, 2)}
+    if store.passage_count() != n:
+        raise click.ClickException(f"{where} holds {store.passage_count():,} passages, not {n:,}")
+    _measure(store, saved, n, repeats, out, children=where.startswith("milvus:"))
+    store.close()
+    click.echo(json.dumps(out))
+    if json_out:
+        json_out.write_text(json.dumps(out, indent=2) + "\n")
 
 
 def _dense_child(texts_path: Path, n: int, repeats: int) -> dict:

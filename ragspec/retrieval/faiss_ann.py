@@ -1,5 +1,7 @@
-"""Approximate dense search for a large FAISS folder store: candidates from an inverted-file
-index over 8-bit copies of the vectors, re-scored exactly against the stored vectors.
+"""Approximate dense search for a large index: candidates from an inverted-file index over 8-bit
+copies of the vectors, re-scored exactly against the stored vectors. One implementation for
+both backends that hold their vectors on this machine: the FAISS folder store (its flat index)
+and Milvus Lite (milvus_vectors.py: a flat index of the vectors kept beside the Milvus file).
 
 Contract:
   * Below THRESHOLD passages (or with RAGSPEC_DENSE=exact) the store searches its flat index:
@@ -11,13 +13,13 @@ Contract:
     recall needs is a number of lists, not a share: recall@10 was 0.987 probing 110 of 316
     lists at 100k passages (32 lists: 0.896) and 0.985 probing 100 of 1,000 at 1M (200: 0.995;
     50: 0.957), so a fixed 128 keeps ~0.99 while the share scanned, and the time, falls as the
-    index grows (more candidates did not change recall). The cosines are exact (computed from the flat index's float32 vectors): only
-    which passages are candidates is approximate. Its recall@10 against exact search is
-    measured by scripts/bench_scale.py (`recall`).
-  * Derived data, in memory only (the folder saves the flat index, as before): built from the
-    flat vectors at the first search past the threshold (k-means on a sample, then every
-    vector assigned to a list), extended in place when rows are appended, and rebuilt after a
-    delete, because deleting from the flat index renumbers the rows after it.
+    index grows (more candidates did not change recall). The cosines are exact (computed from
+    the flat index's float32 vectors): only which passages are candidates is approximate. Its
+    recall@10 against exact search is measured by scripts/bench_scale.py (`recall`).
+  * Derived data, in memory only (each backend saves the flat vectors): built from them at
+    the first search past the threshold (k-means on a sample, then every vector assigned to a
+    list), extended in place when rows are appended, and rebuilt after a delete, because
+    deleting from the flat index renumbers the rows after it.
   * Memory: 1 byte per dimension per passage (384 MB at 1M passages of 384 dimensions) beside
     the flat index's 4 bytes; the search scans PROBED_LISTS / sqrt(n) of them (13% at 1M).
 """

@@ -1,8 +1,9 @@
 """Where a Milvus index lives: the parsed form of a Milvus `--index` value (backends.parse).
 
 Contract: a MilvusLocation names a Milvus Lite file or a server URI and a collection; it knows
-where this machine keeps the index's write lock and keyword files. It imports nothing from the stores, so both
-backends.py (which opens stores) and milvus_store.py (which is opened) can depend on it.
+where this machine keeps the index's write lock, keyword files and (Milvus Lite only) vector
+files. It imports nothing from the stores, so both backends.py (which opens stores) and
+milvus_store.py (which is opened) can depend on it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ class MilvusLocation:
         from ragspec import paths
 
         return paths.home() / "milvus-keywords" / self._safe()
+
+    def vectors_folder(self) -> Path | None:
+        """Where the index's vector files live (milvus_vectors.py): beside a Milvus Lite file.
+        None for a server, which searches its own vectors."""
+        if not self.lite:
+            return None
+        path = Path(self.uri)
+        return path.parent / f".{path.name}.{self.collection}.vectors"
 
     def _safe(self) -> str:
         return "".join(c if c.isalnum() else "-" for c in f"{self.uri}-{self.collection}")

@@ -20,15 +20,27 @@ Keyword search is ragspec's own BM25 (milvus_keywords.py: the bm25.py index of t
 passages, in a file beside the Milvus data that each manifest names), so a hybrid answer is the
 same as from the FAISS folder holding the same passages: one tokenizer, one set of statistics.
 
+Dense search on Milvus Lite: below faiss_ann.THRESHOLD passages, or with RAGSPEC_DENSE=exact,
+Milvus' own exact FLAT search. Past it, ragspec's approximate index (milvus_vectors.py: the
+committed vectors in a file beside the Milvus data, searched by faiss_ann.ApproxIndex, the
+FAISS folder's) picks the passages and their exact cosines, and Milvus gives their rows by row
+key. Milvus Lite 2.5 has no approximate index that keeps recall (its IVF_FLAT found 0.62-0.67 of
+the true top 10), and an exact scan of a million vectors per question takes ~150 ms here. A
+Milvus server keeps its own search: its vectors are meant to live on the server (readers on
+several machines, more memory than one client has), and it offers approximate indexes of its
+own; copying them into each reader would undo that. An index made with RAGSPEC_MILVUS_INDEX
+other than FLAT is searched by that index.
+
 Commit protocol (one writer at a time, under a file lock on this machine): a commit with number
 g = G + 1 inserts its passages and documents with gen = g and the versions it retires as
-"retired" rows with gen = g, flushes, writes the keyword file when one is due, then upserts the manifest with gen = g (the commit point),
-then deletes the retired versions' rows and their "retired" rows. Readers see only rows with
-gen <= G of the manifest they loaded, minus retired versions, so a crash before the manifest
-leaves the previous commit exactly as it was (the extra rows are invisible, and the next writer
-deletes them), and a crash after it leaves the new commit whole (the next writer finishes the
-deletes). Passage ids are the same as in the FAISS folder store; the row key adds the gen so
-that a re-added version never shares a key with the retired one.
+"retired" rows with gen = g, flushes, writes the keyword and vector files when due, then
+upserts the manifest with gen = g (the commit point), then deletes the retired versions' rows
+and their "retired" rows. Readers see only rows with gen <= G of the manifest they loaded,
+minus retired versions, so a crash before the manifest leaves the previous commit exactly as it
+was (the extra rows are invisible, and the next writer deletes them), and a crash after it
+leaves the new commit whole (the next writer finishes the deletes). Passage ids are the same
+as in the FAISS folder store; the row key adds the gen so that a re-added version never shares
+a key with the retired one.
 
 Limits: the lock is a file on this machine, so writers to one Milvus server must run on one
 machine (readers anywhere); Milvus Lite serves one process at a time.
@@ -44,12 +56,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ragspec.retrieval import persist
+from ragspec.retrieval import faiss_ann, persist
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError, RetrievalError
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
 from ragspec.retrieval.milvus_keywords import MilvusKeywords
 from ragspec.retrieval.milvus_location import MilvusLocation
 from ragspec.retrieval.milvus_schema import document_row, quiet_imports
+from ragspec.retrieval.milvus_vectors import MilvusVectors, Rows
 from ragspec.retrieval.records import DocumentInfo, Passage
 from ragspec.retrieval.store_base import PassageEmbedder, StoreBase, check_model, passage_doc_id
 
@@ -75,6 +88,7 @@ class MilvusStore(StoreBase):
         self._client = None
         self._lc = None
         self._keywords = MilvusKeywords(location.keywords_folder())
+        self._vectors = _vectors_for(location)
         self._load()
 
     @classmethod
@@ -90,6 +104,7 @@ class MilvusStore(StoreBase):
         store._init_common(None, DEFAULT_LOCK_TIMEOUT)
         store._client, store._lc = None, None
         store._keywords = MilvusKeywords(location.keywords_folder())
+        store._vectors = _vectors_for(location)
         return store
 
     # -- connection and names ---------------------------------------------------------------
@@ -155,6 +170,7 @@ class MilvusStore(StoreBase):
             self._model_name = getattr(self.embedder, "name", None)
             self._documents, self._doc_gen, self._retired = {}, {}, []
             self._keywords = MilvusKeywords(self.location.keywords_folder())
+            self._vectors = _vectors_for(self.location)
             return
         check_model(self.location.spec, manifest.get("embedder", ""), self.embedder,
                     self._rebuild_hint())
@@ -187,6 +203,28 @@ class MilvusStore(StoreBase):
         self._keywords.load(manifest.get("keywords"), self.passage_count(), self._doc_gen,
                             newer=lambda g: texts(f"{self._visible()} and gen > {g}"),
                             every=lambda: texts(self._visible()))
+        if self._vectors is not None:
+            self._vectors.load(manifest.get("vectors"), self.passage_count(), self._doc_gen,
+                               newer=lambda g: self._vector_rows(
+                                   f"{self._visible()} and gen > {g}"),
+                               every=lambda: self._vector_rows(self._visible()))
+
+    def _vector_rows(self, expr: str) -> Rows:
+        """The rows matching `expr` as (passage ids, gens, vectors), converted a batch at a time
+        (a million rows as Python floats would take ~10 GB)."""
+        client = self._connected()
+        iterator = self._call("read", client.query_iterator, self._names()[0], batch_size=4096,
+                              filter=expr, output_fields=["pid", "gen", "vector"], **_STRONG)
+        pids, gens, blocks = [], [], []
+        try:
+            while batch := self._call("read", iterator.next):
+                pids += [r["pid"] for r in batch]
+                gens += [int(r["gen"]) for r in batch]
+                blocks.append(np.asarray([r["vector"] for r in batch], dtype=np.float32))
+        finally:
+            iterator.close()
+        vectors = np.concatenate(blocks) if blocks else np.zeros((0, self._dim or 0), np.float32)
+        return pids, np.asarray(gens, dtype=np.int64), vectors
 
     def _manifest(self) -> dict | None:
         client = self._connected()
@@ -229,6 +267,7 @@ class MilvusStore(StoreBase):
     def _forget(self) -> None:
         self._pending, self._retire = {}, []
         self._keywords = MilvusKeywords(self.location.keywords_folder())
+        self._vectors = _vectors_for(self.location)
 
     def _rebuild_hint(self) -> str:
         what = "delete that file" if self.location.lite else \
@@ -259,6 +298,17 @@ class MilvusStore(StoreBase):
     def _vector_size(self) -> int | None:
         return self._dim
 
+    def _approximate(self) -> bool:
+        """Whether dense search goes to ragspec's approximate index (milvus_vectors.py): on
+        Milvus Lite with the default FLAT index, past faiss_ann.THRESHOLD passages."""
+        return (self._vectors is not None and self._vector_index == "FLAT"
+                and faiss_ann.wanted(len(self._vectors)))
+
+    def _dense_ids(self, vector: np.ndarray, k: int) -> list[tuple[str, float]] | None:
+        # Milvus then reads only the rows retrieve returns, in one query by row key: a query
+        # costs about the same whatever it reads (~5 ms at 100k passages, ~55 ms at 1M).
+        return self._vectors.search(vector, k) if self._approximate() else None
+
     def _dense(self, vector: np.ndarray, k: int) -> list[tuple[Passage, float]]:
         from ragspec.retrieval.milvus_schema import search_params
 
@@ -277,8 +327,18 @@ class MilvusStore(StoreBase):
         return list(found[0]) if found else []
 
     def _fetch(self, ids: list[str], vector: np.ndarray) -> dict[str, tuple[Passage, float]]:
-        # By row key ("<pid>@<gen of its document's visible version>"): Milvus looks primary keys
-        # up, where a filter on pid is evaluated over every row (at 1M passages ~100 ms a call).
+        if self._vectors is not None:  # the cosines from the vectors held here
+            rows = self._by_key(ids, _OUT)
+            cosines = self._vectors.cosines(rows, vector)
+            return {pid: (self._passage(r), cosines[pid]) for pid, r in rows.items()}
+        rows = self._by_key(ids, [*_OUT, "vector"])
+        return {pid: (self._passage(r), float(np.asarray(r["vector"], np.float32) @ vector))
+                for pid, r in rows.items()}
+
+    def _by_key(self, ids: list[str], fields: list[str]) -> dict[str, dict]:
+        """The visible rows of passages `ids`, by passage id. By row key ("<pid>@<gen of its
+        document's visible version>"): Milvus looks primary keys up, where a filter on pid is
+        evaluated over every row (at 1M passages ~100 ms a call)."""
         keys = [f"{pid}@{self._doc_gen[doc]}" for pid in ids
                 if (doc := passage_doc_id(pid)) in self._doc_gen]
         if not keys:
@@ -286,9 +346,8 @@ class MilvusStore(StoreBase):
         client = self._connected()
         rows = self._call("read", client.query, self._names()[0],
                           filter=f"pk in {json.dumps(keys)} and {self._visible()}",
-                          output_fields=[*_OUT, "vector"], **_STRONG)
-        return {r["pid"]: (self._passage(r), float(np.asarray(r["vector"], np.float32) @ vector))
-                for r in rows}
+                          output_fields=fields, **_STRONG)
+        return {r["pid"]: r for r in rows}
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -296,6 +355,8 @@ class MilvusStore(StoreBase):
         folder, _ = self.location.lock_place()
         persist.check_writable(folder)
         persist.check_writable(self.location.keywords_folder())
+        if self._vectors is not None:
+            persist.check_writable(self._vectors.folder)
 
     def _lock(self, on_wait):
         folder, name = self.location.lock_place()
@@ -313,6 +374,8 @@ class MilvusStore(StoreBase):
             return
         gen = int(manifest["gen"])
         self._keywords.clean(manifest.get("keywords"))
+        if self._vectors is not None:
+            self._vectors.clean(manifest.get("vectors"))
         passages, documents, meta = self._names()
         client = self._connected()
         for name in (passages, documents, meta):
@@ -366,12 +429,17 @@ class MilvusStore(StoreBase):
         keywords = self._keywords.commit(
             [(doc_id, rows) for doc_id, (_, rows, _) in self._pending.items()],
             [doc_id for doc_id, _ in self._retire], gen)
+        vectors = None if self._vectors is None else self._vectors.commit(
+            [([p.id for p in rows], v) for _, rows, v in self._pending.values()],
+            [doc_id for doc_id, _ in self._retire], gen)
         manifest = {"gen": gen, "commit": commit, "embedder": self._model_name or "",
                     "dim": self._dim or 0, "vector_index": self._vector_index,
                     "vector_policy": self._vector_policy,
-                    "keywords": keywords}
+                    "keywords": keywords, "vectors": vectors}
         _commit_point(self, client, meta, manifest)
         self._keywords.clean(keywords)
+        if self._vectors is not None:
+            self._vectors.clean(vectors)
         self._commit, self._gen = commit, gen
         for doc_id in self._pending:
             self._doc_gen[doc_id] = gen
@@ -429,6 +497,13 @@ class MilvusStore(StoreBase):
 
         create_collections(self._connected(create=True), self._names(), self._dim or 2,
                            self._vector_index)
+
+
+def _vectors_for(location: MilvusLocation) -> MilvusVectors | None:
+    """The vectors kept beside a Milvus Lite file; None for a server (see the module
+    docstring)."""
+    folder = location.vectors_folder()
+    return None if folder is None else MilvusVectors(folder)
 
 
 def _commit_point(store: MilvusStore, client, meta: str, manifest: dict) -> None:

@@ -120,6 +120,12 @@ class StoreBase:
 
     def _dense(self, vector: np.ndarray, k: int) -> list[tuple[Passage, float]]: ...
 
+    def _dense_ids(self, vector: np.ndarray, k: int) -> list[tuple[str, float]] | None:
+        """(passage id, cosine) of the best k, for a backend that ranks without reading the
+        passages: `retrieve` then reads (`_fetch`) only the hits it returns, in one call. None
+        (the default): `_dense` ranks and reads."""
+        return None
+
     def _keyword_ids(self, query: str, k: int) -> list[str]: ...
 
     def _fetch(self, ids: list[str], vector: np.ndarray) -> dict[str, tuple[Passage, float]]:
@@ -186,6 +192,12 @@ class StoreBase:
             depth = max(k, HYBRID_DEPTH) if mode == "hybrid" else k
             # Equal cosines come back in each engine's own order: fetch a few more and order
             # them by (cosine, id), so every backend ranks (and cuts) ties the same way.
+            ranked = self._dense_ids(vector, min(depth + TIE_MARGIN, count))
+            if ranked is not None:
+                dense_ids = sorted(ranked, key=lambda item: (-item[1], item[0]))[:depth]
+                hits = self._hits_by_id(query, vector, dense_ids, k, mode)
+                best = dense_ids[0][1] if dense_ids else None
+                return SearchResult(hits=hits, best_score=best, mode=mode)
             dense = sorted(self._dense(vector, min(depth + TIE_MARGIN, count)),
                            key=lambda item: (-item[1], item[0].id))[:depth]
             if mode == "hybrid":
@@ -194,6 +206,20 @@ class StoreBase:
                 hits = [Hit(score=score, passage=p) for p, score in dense]
         best = dense[0][1] if dense else None
         return SearchResult(hits=hits, best_score=best, mode=mode)
+
+    def _hits_by_id(self, query: str, vector: np.ndarray, dense: list[tuple[str, float]],
+                    k: int, mode: str) -> list[Hit]:
+        """The hits from a ranking of (id, cosine): fused with the keywords in hybrid mode, the
+        passages read in one `_fetch` (caller holds the mutex). The same hits as `_fuse` and
+        `_dense` give: a dense hit's score is its cosine from the ranking."""
+        scores = dict(dense)
+        if mode == "hybrid":
+            fused = fuse([list(scores), self._keyword_ids(query, HYBRID_DEPTH)], k)
+        else:
+            fused = [(pid, None) for pid, _ in dense[:k]]
+        found = self._fetch([pid for pid, _ in fused], vector)
+        return [Hit(score=scores[pid] if pid in scores else found[pid][1],
+                    passage=found[pid][0], fused=score) for pid, score in fused]
 
     def _fuse(self, query: str, vector: np.ndarray, dense: list, k: int) -> list[Hit]:
         """Reciprocal-rank fusion of the dense results with the BM25 ranking (caller holds
