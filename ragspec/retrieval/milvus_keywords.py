@@ -30,16 +30,12 @@ from pathlib import Path
 from ragspec.fileio import fsync_dir, write_atomically
 from ragspec.retrieval.bm25 import BM25Index
 from ragspec.retrieval.records import Passage
+from ragspec.retrieval.store_base import passage_doc_id
 
 logger = logging.getLogger(__name__)
 
 REWRITE_SHARE = 0.25
 _PREFIX = "gen-"
-
-
-def _doc_of(pid: str) -> str:
-    """The document id inside a passage id ("<doc_id>-<sha8>-<n>", store_base.add_document)."""
-    return pid.rsplit("-", 2)[0]
 
 
 class MilvusKeywords:
@@ -85,7 +81,7 @@ class MilvusKeywords:
         self.index = index
         self._doc_pids = {}
         for pid in index.ids():
-            self._doc_pids.setdefault(_doc_of(pid), []).append(pid)
+            self._doc_pids.setdefault(passage_doc_id(pid), []).append(pid)
 
     def apply(self, removed_docs: Iterable[str], added: Iterable[tuple[str, str]]) -> None:
         """Drop every passage of `removed_docs`, then add the (id, text) pairs."""
@@ -95,7 +91,7 @@ class MilvusKeywords:
                 self._changed += 1
         for pid, text in added:
             self.index.add(pid, text)
-            self._doc_pids.setdefault(_doc_of(pid), []).append(pid)
+            self._doc_pids.setdefault(passage_doc_id(pid), []).append(pid)
             self._changed += 1
 
     def commit(self, pending: Iterable[tuple[str, list[Passage]]], retired: Iterable[str],

@@ -333,13 +333,18 @@ static void tile_rows(const uint8_t* t, int64_t row_bytes, const Activations& x,
   const uint8_t* done = t + kTileRows * row_bytes + reach;  // nothing left to request
   int64_t r = 0;
   for (; r + C <= x.m; r += C, ahead = done) tile<FMT, C>(t, row_bytes, x, r, y, ldy, cols, ahead);
-  switch (x.m - r) {
 #define RS_ROWS(n) case n: tile<FMT, n>(t, row_bytes, x, r, y, ldy, cols, ahead); break;
-    RS_ROWS(1) RS_ROWS(2) RS_ROWS(3) RS_ROWS(4) RS_ROWS(5) RS_ROWS(6) RS_ROWS(7) RS_ROWS(8)
-    RS_ROWS(9) RS_ROWS(10) RS_ROWS(11) RS_ROWS(12) RS_ROWS(13) RS_ROWS(14) RS_ROWS(15)
-#undef RS_ROWS
+  switch (x.m - r) {  // the rest: fewer than C rows
+    RS_ROWS(1) RS_ROWS(2) RS_ROWS(3) RS_ROWS(4) RS_ROWS(5) RS_ROWS(6) RS_ROWS(7)
     default: break;
   }
+  if constexpr (C == 16) {
+    switch (x.m - r) {
+      RS_ROWS(8) RS_ROWS(9) RS_ROWS(10) RS_ROWS(11) RS_ROWS(12) RS_ROWS(13) RS_ROWS(14) RS_ROWS(15)
+      default: break;
+    }
+  }
+#undef RS_ROWS
 }
 
 }  // namespace tiled
