@@ -417,3 +417,34 @@ def test_speed_figures_match_a_clock_outside_the_engine(tiny_model, tiny_tokeniz
     assert s.decode_seconds < prefill_pause, "the prefill was counted in the decode time"
     assert abs(s.seconds - wall) <= 0.02 * wall + 0.005
     assert s.tokens_per_s == pytest.approx(s.new_tokens / wall, rel=0.02, abs=0.5)
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["native-argmax", "torch-argmax"])
+def test_the_cpu_accept_rule_is_the_device_rule(kernels, monkeypatch):
+    """CPU steps read the rows' picks as ints and compare in Python; other devices run tensor
+    ops and one transfer. Both must accept the same drafts and write the same token."""
+    from conftest import MODEL_CACHE
+
+    from ragspec.decoding import native
+
+    if kernels:
+        native.ops(MODEL_CACHE)
+    else:
+        monkeypatch.setattr(native, "loaded", lambda: False)
+    rng = random.Random(7)
+    gen = torch.Generator().manual_seed(7)
+    seen = set()
+    for trial in range(300):
+        rows = rng.randrange(1, 10)
+        logits = torch.randn(rows, rng.choice([5, 49, 4099]), generator=gen)
+        if trial % 5 == 0:
+            logits[:, 1] = logits[:, 3] = logits.max() + 1  # ties: the first index is the pick
+        best = logits.argmax(-1).tolist()
+        agree = rng.randrange(0, rows)  # the draft agrees with the first `agree` picks
+        draft = best[:agree] + [(b + 1) % logits.shape[1] for b in best[agree:rows - 1]]
+        want = sampling_mod.accept_greedy_on_device(logits, draft)
+        assert sampling_mod.accept_greedy(logits, draft) == want == (agree, best[agree])
+        seen.add(agree == rows - 1)
+    assert seen == {True, False}, "both a fully accepted draft and a rejection"
+    row = torch.randn(4099, generator=gen)
+    assert sampling_mod.next_token(row, SamplingConfig(), None) == int(row.argmax())

@@ -244,3 +244,23 @@ def test_the_prefetch_distance_is_compiled_from_the_cpus_maker(tmp_path, monkeyp
         assert native.tuning_flags() == want
         keys[vendor] = native.build_key()
     assert keys["AuthenticAMD"] != keys["GenuineIntel"]
+
+
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 49152, 49157])
+def test_argmax_rows_is_torch_argmax_with_ties_infinities_and_nans(ops, vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(12, vocab, generator=gen)
+    if vocab > 4:
+        x[1, vocab // 3] = x[1, vocab - 2] = x[1].max() + 1  # a tie: the first index wins
+        x[2, :] = 0.0  # all equal
+        x[3, vocab // 2] = float("inf")
+        x[4, vocab - 1] = float("nan")  # torch.argmax picks a NaN, the first one
+        x[4, vocab // 4] = float("nan")
+        x[5, :] = float("-inf")
+        x[6, 0] = -0.0  # -0.0 and +0.0 are equal: the first one
+        x[6, 1:] = -1.0
+        x[6, vocab - 1] = 0.0
+        x[7, vocab - 1] = float("nan")  # a NaN in the tail after the vector part
+        x[8] = x[8] * 1e-30  # subnormals
+    assert ops.argmax_rows(x) == x.argmax(-1).tolist()
+    assert ops.argmax_rows(x[3:9]) == x[3:9].argmax(-1).tolist()

@@ -156,6 +156,8 @@ def _ragspec(spec: dict) -> dict:
 
 @torch.inference_mode()
 def _ragspec_times(model, spec, load, nbytes, new_cache, crop_cache, step_forward) -> dict:
+    from ragspec.decoding.sampling import greedy_picks  # the engine's greedy pick
+
     vocab, context = model.config.vocab_size, spec["context"]
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=g)
@@ -172,7 +174,7 @@ def _ragspec_times(model, spec, load, nbytes, new_cache, crop_cache, step_forwar
     def step(n: int) -> float:
         start = time.perf_counter()
         with step_forward():
-            model(input_ids=inputs[n - 1], cache=cache, use_cache=True).logits[0].argmax(-1)
+            greedy_picks(model(input_ids=inputs[n - 1], cache=cache, use_cache=True).logits[0])
         seconds = time.perf_counter() - start
         crop_cache(cache, base)
         return seconds

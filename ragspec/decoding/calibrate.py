@@ -45,6 +45,7 @@ from ragspec.decoding import native
 from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.packed import packed_formats, step_forward
 from ragspec.decoding.policy import ForwardCost
+from ragspec.decoding.sampling import accept_greedy
 from ragspec.fileio import write_atomically
 
 COSTS_FILE = "forward_costs.json"  # in the model cache directory, one entry per cost_key
@@ -58,8 +59,9 @@ MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
 # 5: packed models step natively on tiled weights; 6: verify rows as independent integer chains;
 # 7: the fp16 KV cache; 8: tiled weights requested into L2 ahead of the kernel, which made
 # one-row steps over weights in memory cheaper than verifies, relative to before; 9: AMD CPUs
-# request them 8 KiB ahead, and prompt rows attend sharing key reads).
-CURVE_VERSION = 9
+# request them 8 KiB ahead, and prompt rows attend sharing key reads; 10: greedy picks read as
+# ints by one native argmax, and the draft compared in Python).
+CURVE_VERSION = 10
 
 Clock = Callable[[], float]
 
@@ -184,6 +186,7 @@ def measure(model, max_tokens: int, context: int = CONTEXT_TOKENS, rounds: int =
         caches.append((cache, cache.get_seq_length()))
     inputs = [torch.randint(0, vocab, (1, n), generator=gen).to(device)
               for n in range(1, max_tokens + 1)]
+    drafts = [ids[0, 1:].tolist() for ids in inputs]
 
     def run(cell: tuple[int, int]) -> float:
         c, i = cell
@@ -191,7 +194,7 @@ def measure(model, max_tokens: int, context: int = CONTEXT_TOKENS, rounds: int =
         start = clock()
         with step_forward():  # timed as the engine runs verify forwards
             logits = model(input_ids=inputs[i], cache=cache, use_cache=True).logits
-        logits[0].float().argmax(-1).tolist()  # includes the device sync and read-back
+        accept_greedy(logits[0].float(), drafts[i])  # the engine's pick, sync and read-back
         seconds = clock() - start
         crop_cache(cache, base)
         return seconds

@@ -23,13 +23,17 @@ is rejected and 1 is written in its place.
 
 Device contract: probabilities, the inverse CDF and the accept rule run where the logits are
 (the step's uniforms go there as one small tensor); each function hands back plain ints
-through one small transfer, [accepted count, next token], per step.
+through one small transfer, [accepted count, next token], per step. Greedy picks on the CPU
+are read as plain ints in one call (`greedy_picks`: the native kernels' argmax where they are
+loaded) and compared in Python: there a handful of dispatched tensor ops cost more than the
+comparison itself, and nothing is transferred.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ragspec.decoding import native
 from ragspec.decoding.types import SamplingConfig
 
 
@@ -103,8 +107,31 @@ def _read(accepted: torch.Tensor, token: torch.Tensor) -> tuple[int, int]:
     return int(n), int(t)
 
 
+def greedy_picks(logits: torch.Tensor) -> list[int]:
+    """logits (rows, vocab) on the CPU -> each row's argmax as ints, exactly torch.argmax's (the
+    first index of the largest value; a row with a NaN picks its first NaN)."""
+    if logits.dtype == torch.float32 and logits.dim() == 2 and native.loaded():
+        return torch.ops.ragspec.argmax_rows(logits)
+    return logits.argmax(dim=-1).tolist()
+
+
 def accept_greedy(logits: torch.Tensor, draft: list[int]) -> tuple[int, int]:
     """logits: (len(draft)+1, vocab). Returns (accepted draft tokens, next token)."""
+    if logits.device.type == "cpu":
+        return accept_greedy_picks(greedy_picks(logits), draft)
+    return accept_greedy_on_device(logits, draft)
+
+
+def accept_greedy_picks(picks: list[int], draft: list[int]) -> tuple[int, int]:
+    """The accept rule on the rows' picks (len(draft)+1 ints)."""
+    accepted = 0
+    while accepted < len(draft) and picks[accepted] == draft[accepted]:
+        accepted += 1
+    return accepted, picks[accepted]
+
+
+def accept_greedy_on_device(logits: torch.Tensor, draft: list[int]) -> tuple[int, int]:
+    """The accept rule as tensor ops where the logits are, one transfer back."""
     best = logits.argmax(dim=-1)  # (k+1,) on the logits' device
     if not draft:
         return 0, int(best[0].item())
@@ -138,6 +165,8 @@ def next_token(logits_row: torch.Tensor, cfg: SamplingConfig, uniforms: Uniforms
     """logits_row: (vocab,). The first token after prefill (position 0), or any step with no
     draft; `uniforms` is None for greedy."""
     if cfg.greedy:
+        if logits_row.device.type == "cpu":
+            return greedy_picks(logits_row[None, :])[0]
         return int(logits_row.argmax().item())
     return sample(target_probs(logits_row[None, :], cfg)[0], uniforms.at(position))
 

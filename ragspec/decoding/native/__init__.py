@@ -1,8 +1,8 @@
 """ragspec's CPU kernels, compiled on first use for the machine that runs them.
 
 Contract: `ops(cache_dir)` returns `torch.ops.ragspec` with the kernels loaded (qmatmul,
-dequantize_rows, quantize_activations, attend, has_avx2, has_tiled_kernel, amx_available,
-set_amx), or raises KernelsUnavailable with one
+dequantize_rows, quantize_activations, attend, argmax_rows, has_avx2, has_tiled_kernel,
+amx_available, set_amx, the native step's StepModel), or raises KernelsUnavailable with one
 line saying why (no C++ compiler, a failed build, a CPU-less torch). `available(cache_dir)` is
 the same as a bool, and `unavailable_reason()` the last reason.
 
@@ -33,7 +33,7 @@ import torch
 from ragspec import cpuinfo
 
 NAME = "ragspec_kernels"
-SOURCES = ("qmatmul.cpp", "attention.cpp", "step.cpp", "amx.cpp")
+SOURCES = ("qmatmul.cpp", "attention.cpp", "step.cpp", "amx.cpp", "argmax.cpp")
 HEADERS = ("amx.h", "formats.h", "kernels.h", "simd.h", "tiled.h")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c++17", "-fopenmp")
 # -ffp-contract=off: only the fused multiply-adds written in the source are fused, so the
