@@ -12,6 +12,8 @@ Usage:
       --sizes 1000000 --backends milvus --keep /tmp/kept   # keep the index, then time it again:
   PYTHONPATH=. python scripts/bench_scale.py retime --texts /tmp/scale-texts.jsonl \\
       --index milvus:/tmp/kept/milvus-1000000/index.db --n 1000000 --json OUT
+  PYTHONPATH=. python scripts/bench_scale.py finish --texts /tmp/scale-texts.jsonl \\
+      --index milvus:/tmp/kept/milvus-1000000/index.db   # side files of an older kept index
   PYTHONPATH=. python scripts/bench_scale.py ingest --texts /tmp/scale-texts.jsonl \\
       --sizes 100000,1000000 --code .,/work/main --json OUT   # before/after, vectors given
   PYTHONPATH=. python scripts/bench_scale.py hybrid --texts /tmp/scale-texts.jsonl \
@@ -454,7 +456,9 @@ def _search_child(texts_path: Path, n: int, backend: str, repeats: int,
         commits += 1
     ingest = time.perf_counter() - started
     print(file=sys.stderr)
-    store.close()
+    started = time.perf_counter()
+    store.close()  # a Milvus writer brings its side files up to its last commit here
+    closed = time.perf_counter() - started
     del store, docs
     gc.collect()
     started = time.perf_counter()
@@ -462,7 +466,7 @@ def _search_child(texts_path: Path, n: int, backend: str, repeats: int,
     opened = time.perf_counter() - started
     out = {"backend": backend, "passages": n, "ingest_s": round(ingest, 2),
            "ingest_passages_per_s": round(n / ingest, 1), "commits": commits,
-           "open_s": round(opened, 2), "rss_after_ingest_mb": round(peak_rss_mb(), 1)}
+           "close_s": round(closed, 2), "open_s": round(opened, 2), "rss_after_ingest_mb": round(peak_rss_mb(), 1)}
     _measure(store, saved, n, repeats, out, children=backend != "faiss")
     out["disk_mb"] = round(sum(p.stat().st_size for p in scratch.rglob("*") if p.is_file())
                            / 2**20, 1)
@@ -531,6 +535,32 @@ def search(texts_path, sizes, names, repeats, json_out, keep, child) -> None:
             click.echo(json.dumps(results[-1]))
     if json_out:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+@main.command()
+@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+              required=True)
+@click.option("--index", "where", required=True,
+              help="A Milvus Lite index `search --keep` left (its `index` field).")
+def finish(texts_path, where) -> None:
+    """Open a kept Milvus index and bring its side files up to its last commit, as a writer's
+    close does (an index kept before writers did that): the time to open (catching up from
+    Milvus) and to finish, and the peak RSS."""
+    from ragspec.retrieval.backends import open_index
+
+    saved = np.load(_vectors_path(texts_path))
+    lookup = _Lookup([str(q) for q in saved["questions"]], saved["queries"])
+    started = time.perf_counter()
+    store = open_index(where, lookup)
+    out = {"index": where, "open_s": round(time.perf_counter() - started, 2),
+           "stale": {k: c.stale for k, c in store._copies.files().items()}}
+    started = time.perf_counter()
+    store.finish()
+    out["finish_s"] = round(time.perf_counter() - started, 2)
+    out["files"] = {k: c.file for k, c in store._copies.files().items()}
+    store.close()
+    out["peak_rss_mb"] = round(peak_rss_mb(children=True), 1)
+    click.echo(json.dumps(out))
 
 
 @main.command()

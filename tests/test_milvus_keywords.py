@@ -6,13 +6,14 @@ it is missing or damaged, and a crashed commit leaves no file behind after the n
 
 from __future__ import annotations
 
+import atexit
 import json
 from pathlib import Path
 
 import pytest
 from fakes import HashEmbedder
 
-from ragspec.retrieval import backends, milvus_keywords
+from ragspec.retrieval import backends, milvus_sidefile
 from ragspec.retrieval import milvus_store as milvus_module
 from ragspec.retrieval.bm25 import BM25Index
 from ragspec.retrieval.ingest import ingest_paths
@@ -69,7 +70,7 @@ def _corpus(tmp_path: Path, n: int) -> Path:
 
 def test_the_keyword_file_catches_up_across_commits_that_did_not_rewrite_it(
         tmp_path, opened, monkeypatch):
-    monkeypatch.setattr(milvus_keywords, "REWRITE_SHARE", 10.0)  # only the first commit writes
+    monkeypatch.setattr(milvus_sidefile, "REWRITE_SHARE", 10.0)  # only the first commit writes
     docs = _corpus(tmp_path, 12)
     where = f"milvus:{tmp_path}/k.db"
     store = opened(where)
@@ -82,7 +83,7 @@ def test_the_keyword_file_catches_up_across_commits_that_did_not_rewrite_it(
     assert store._keywords.file == first
     queries = ["quota error E999", "queue 1 worker 2", "E203 retry", "note about E205"]
     expected = {q: _fresh_top(store, q) for q in queries}
-    store = _reopen(opened, store, where)
+    store = _reopen(opened, _killed(store), where)
     assert store._keywords.file == first  # read from the old file plus the newer rows
     assert {q: store._keyword_ids(q, 50) for q in queries} == expected
     # A damaged file, then a missing one: rebuilt from the texts, same ranking.
@@ -94,6 +95,13 @@ def test_the_keyword_file_catches_up_across_commits_that_did_not_rewrite_it(
     path.unlink()
     store = _reopen(opened, store, where)
     assert {q: store._keyword_ids(q, 50) for q in queries} == expected
+
+
+def _killed(store):
+    """The store as a writer killed after its commits leaves it: it never finishes."""
+    atexit.unregister(store.finish)
+    store._wrote = False
+    return store
 
 
 def _reopen(opened, store, where):

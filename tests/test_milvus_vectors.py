@@ -8,12 +8,15 @@ by itself."""
 
 from __future__ import annotations
 
+import atexit
+
 import numpy as np
 import pytest
 from fakes import HashEmbedder
 
-from ragspec.retrieval import backends, faiss_ann, milvus_vectors
+from ragspec.retrieval import backends, faiss_ann, milvus_sidefile
 from ragspec.retrieval import milvus_store as milvus_module
+from ragspec.retrieval.milvus_copies import LocalCopies
 from ragspec.retrieval.milvus_location import MilvusLocation
 from ragspec.retrieval.passages import PassageDraft
 
@@ -139,12 +142,12 @@ def test_below_the_threshold_with_exact_asked_or_on_a_server_milvus_searches_its
     assert len(calls) == len(corpus.queries.table)
     server = MilvusLocation(uri="http://localhost:19530", collection="ragspec",
                             spec="milvus://localhost:19530/ragspec")
-    assert server.vectors_folder() is None and milvus_module._vectors_for(server) is None
+    assert server.vectors_folder() is None and LocalCopies(server).vectors is None
 
 
 def test_the_vector_file_catches_up_and_is_read_from_milvus_when_missing_or_damaged(
         tmp_path, opened, small_threshold, monkeypatch):
-    monkeypatch.setattr(milvus_vectors, "REWRITE_SHARE", 10.0)  # only the first commit writes
+    monkeypatch.setattr(milvus_sidefile, "REWRITE_SHARE", 10.0)  # only the first commit writes
     corpus = _Corpus(2)
     folder = opened(str(tmp_path / "folder"), corpus.queries)
     where = f"milvus:{tmp_path}/c.db"
@@ -156,7 +159,7 @@ def test_the_vector_file_catches_up_and_is_read_from_milvus_when_missing_or_dama
     _commit(stores, "/docs/doc1", corpus.document("doc4", version=1))
     assert milvus._vectors.file == first and milvus._approximate()
     expected = _answers(folder)
-    milvus = _reopen(opened, milvus, where, corpus)
+    milvus = _reopen(opened, _killed(milvus), where, corpus)
     assert milvus._vectors.file == first  # the old file, the newer rows from Milvus
     assert sorted(milvus._vectors.pids) == sorted(p.id for p in folder.passages())
     assert _answers(milvus) == expected
@@ -204,6 +207,14 @@ def test_a_crashed_commit_leaves_the_named_vector_file_and_the_next_writer_clean
 
 
 _commit_point = milvus_module._commit_point
+
+
+def _killed(store):
+    """The store as a writer killed after its commits leaves it: it never finishes (never
+    brings its side files up to its last commit)."""
+    atexit.unregister(store.finish)
+    store._wrote = False
+    return store
 
 
 def _reopen(opened, store, where, corpus):

@@ -2,7 +2,7 @@
 
 Contract: a MilvusLocation names a Milvus Lite file or a server URI and a collection; it knows
 where this machine keeps the index's write lock, keyword files and (Milvus Lite only) vector
-files. It imports nothing from the stores, so both backends.py (which opens stores) and
+and record files. It imports nothing from the stores, so both backends.py (which opens stores) and
 milvus_store.py (which is opened) can depend on it.
 """
 
@@ -50,6 +50,14 @@ class MilvusLocation:
             return None
         path = Path(self.uri)
         return path.parent / f".{path.name}.{self.collection}.vectors"
+
+    def records_folder(self) -> Path | None:
+        """Where the index's passage records live (milvus_records.py): beside a Milvus Lite
+        file. None for a server, which is read by its clients wherever they run."""
+        if not self.lite:
+            return None
+        path = Path(self.uri)
+        return path.parent / f".{path.name}.{self.collection}.records"
 
     def _safe(self) -> str:
         return "".join(c if c.isalnum() else "-" for c in f"{self.uri}-{self.collection}")

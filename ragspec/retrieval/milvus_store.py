@@ -19,28 +19,34 @@ Collections, named from the location's collection name N (default "ragspec"):
 Keyword search is ragspec's own BM25 (milvus_keywords.py: the bm25.py index of the committed
 passages, in a file beside the Milvus data that each manifest names), so a hybrid answer is the
 same as from the FAISS folder holding the same passages: one tokenizer, one set of statistics.
+On Milvus Lite the passages' vectors and records are kept beside it too (milvus_copies.py), and
+a search reads the passages it returns from the records file: Milvus Lite answers any query
+in about the same time whatever it reads (~55 ms at 1M passages), so a search there never asks
+Milvus. A Milvus server is read as before (its rows by row key).
 
 Dense search on Milvus Lite: below faiss_ann.THRESHOLD passages, or with RAGSPEC_DENSE=exact,
 Milvus' own exact FLAT search. Past it, ragspec's approximate index (milvus_vectors.py: the
-committed vectors in a file beside the Milvus data, searched by faiss_ann.ApproxIndex, the
-FAISS folder's) picks the passages and their exact cosines, and Milvus gives their rows by row
-key. Milvus Lite 2.5 has no approximate index that keeps recall (its IVF_FLAT found 0.62-0.67 of
-the true top 10), and an exact scan of a million vectors per question takes ~150 ms here. A
-Milvus server keeps its own search: its vectors are meant to live on the server (readers on
-several machines, more memory than one client has), and it offers approximate indexes of its
-own; copying them into each reader would undo that. An index made with RAGSPEC_MILVUS_INDEX
-other than FLAT is searched by that index.
+committed vectors in a file beside the Milvus data, searched by faiss_ann.ApproxIndex, the FAISS
+folder's) picks the passages and their exact cosines. Milvus Lite 2.5 has no approximate index
+that keeps recall (its IVF_FLAT found 0.62-0.67 of the true top 10), and an exact scan of a
+million vectors per question takes ~150 ms here. A Milvus server keeps its own search: its
+vectors are meant to live on the server (readers on several machines, more memory than one
+client has), and it offers approximate indexes of its own; copying them into each reader would
+undo that. An index made with RAGSPEC_MILVUS_INDEX other than FLAT is searched by that index.
 
 Commit protocol (one writer at a time, under a file lock on this machine): a commit with number
 g = G + 1 inserts its passages and documents with gen = g and the versions it retires as
-"retired" rows with gen = g, flushes, writes the keyword and vector files when due, then
-upserts the manifest with gen = g (the commit point), then deletes the retired versions' rows
-and their "retired" rows. Readers see only rows with gen <= G of the manifest they loaded,
-minus retired versions, so a crash before the manifest leaves the previous commit exactly as it
-was (the extra rows are invisible, and the next writer deletes them), and a crash after it
-leaves the new commit whole (the next writer finishes the deletes). Passage ids are the same
-as in the FAISS folder store; the row key adds the gen so that a re-added version never shares
-a key with the retired one.
+"retired" rows with gen = g, flushes, writes the local copies' files when due, then upserts
+the manifest with gen = g (the commit point), then deletes the retired versions' rows and their
+"retired" rows. A writer's `close` (or, for a process that never closes it, its exit) writes the
+local copies that lag behind its last commit and names them in a manifest of the same gen with a
+new commit id, so the next open reads them whole instead of asking Milvus for the newer rows,
+which makes Milvus Lite load the whole collection (~2 min at 1M passages). Readers see only rows
+with gen <= G of the manifest they loaded, minus retired versions, so a crash before the
+manifest leaves the previous commit exactly as it was (the extra rows are invisible, and the
+next writer deletes them), and a crash after it leaves the new commit whole (the next writer
+finishes the deletes). Passage ids are the same as in the FAISS folder store; the row key adds
+the gen so that a re-added version never shares a key with the retired one.
 
 Limits: the lock is a file on this machine, so writers to one Milvus server must run on one
 machine (readers anywhere); Milvus Lite serves one process at a time.
@@ -48,37 +54,36 @@ machine (readers anywhere); Milvus Lite serves one process at a time.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
-import os
 import uuid
-from pathlib import Path
 
 import numpy as np
 
 from ragspec.retrieval import faiss_ann, persist
-from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError, RetrievalError
+from ragspec.retrieval.errors import IndexCorruptError, RetrievalError
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
-from ragspec.retrieval.milvus_keywords import MilvusKeywords
+from ragspec.retrieval.milvus_collections import (
+    STRONG,
+    IndexUnavailableError,
+    MilvusCollections,
+    commit_point,
+)
+from ragspec.retrieval.milvus_copies import LocalCopies
 from ragspec.retrieval.milvus_location import MilvusLocation
-from ragspec.retrieval.milvus_schema import document_row, quiet_imports
-from ragspec.retrieval.milvus_vectors import MilvusVectors, Rows
+from ragspec.retrieval.milvus_schema import document_row
 from ragspec.retrieval.records import DocumentInfo, Passage
 from ragspec.retrieval.store_base import PassageEmbedder, StoreBase, check_model, passage_doc_id
+
+__all__ = ["IndexUnavailableError", "MilvusStore"]  # the error is raised from milvus_collections
 
 logger = logging.getLogger(__name__)
 
 _OUT = ["pid", "doc_id", "page", "start", "text"]
-_STRONG = {"consistency_level": "Strong"}
-_BATCH = 1000  # rows per insert call
-_MAX_TEXT = 65535  # Milvus' longest VARCHAR, in bytes
 
 
-class IndexUnavailableError(RetrievalError):
-    """The Milvus server (or Milvus Lite file) cannot be reached or used."""
-
-
-class MilvusStore(StoreBase):
+class MilvusStore(MilvusCollections, StoreBase):
     """See the module docstring. Create with `MilvusStore.open`."""
 
     def __init__(self, location: MilvusLocation, embedder, lock_timeout: float) -> None:
@@ -87,8 +92,8 @@ class MilvusStore(StoreBase):
         self._init_common(embedder, lock_timeout)
         self._client = None
         self._lc = None
-        self._keywords = MilvusKeywords(location.keywords_folder())
-        self._vectors = _vectors_for(location)
+        self._copies = LocalCopies(location)
+        self._wrote = False  # committed since opened, or since the copies were last saved
         self._load()
 
     @classmethod
@@ -103,56 +108,27 @@ class MilvusStore(StoreBase):
         store.location, store.index_dir = location, location.spec
         store._init_common(None, DEFAULT_LOCK_TIMEOUT)
         store._client, store._lc = None, None
-        store._keywords = MilvusKeywords(location.keywords_folder())
-        store._vectors = _vectors_for(location)
+        store._copies, store._wrote = LocalCopies(location), False
         return store
 
-    # -- connection and names ---------------------------------------------------------------
+    @property
+    def _keywords(self):
+        return self._copies.keywords
 
-    def _names(self) -> tuple[str, str, str]:
-        c = self.location.collection
-        return c, f"{c}_documents", f"{c}_meta"
+    @property
+    def _vectors(self):
+        return self._copies.vectors
 
-    def _connected(self, create: bool = False):
-        """The pymilvus client; None when a Milvus Lite file does not exist yet (and `create`
-        is False: opening must not create anything)."""
-        if self._client is None:
-            if self.location.lite and not create and not Path(self.location.uri).exists():
-                return None
-            quiet_imports()
-            from pymilvus import MilvusClient
-            from pymilvus.exceptions import MilvusException
-
-            try:
-                self._client = MilvusClient(uri=self.location.uri,
-                                            token=os.environ.get("RAGSPEC_MILVUS_TOKEN", ""))
-            except (MilvusException, OSError) as exc:
-                raise IndexUnavailableError(
-                    f"Cannot open the Milvus index {self.location.spec} ({exc}). For a server, "
-                    "check that it runs and is reachable; Milvus Lite files serve one process at "
-                    "a time."
-                ) from exc
-        return self._client
-
-    def _call(self, what: str, fn, *args, **kwargs):
-        """A pymilvus call with its failure as one clear line."""
-        from pymilvus.exceptions import MilvusException
-
-        try:
-            return fn(*args, **kwargs)
-        except MilvusException as exc:
-            raise IndexUnavailableError(
-                f"Milvus could not {what} in {self.location.spec}: {exc}") from exc
+    @property
+    def _records(self):
+        return self._copies.records
 
     def close(self) -> None:
-        """Disconnect (and stop this process's Milvus Lite server for the file)."""
-        if self._client is not None:
-            self._client.close()
-            self._client, self._lc = None, None
-            if self.location.lite:
-                from milvus_lite.server_manager import server_manager_instance
-
-                server_manager_instance.release_server(self.location.uri)
+        """Bring the local copies up to this writer's last commit (`finish`), then disconnect
+        (and stop this process's Milvus Lite server for the file)."""
+        if self._wrote:
+            self.finish()
+        self._disconnect()
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -169,8 +145,7 @@ class MilvusStore(StoreBase):
             self._commit, self._gen, self._dim = None, 0, None
             self._model_name = getattr(self.embedder, "name", None)
             self._documents, self._doc_gen, self._retired = {}, {}, []
-            self._keywords = MilvusKeywords(self.location.keywords_folder())
-            self._vectors = _vectors_for(self.location)
+            self._copies = LocalCopies(self.location)
             return
         check_model(self.location.spec, manifest.get("embedder", ""), self.embedder,
                     self._rebuild_hint())
@@ -196,65 +171,9 @@ class MilvusStore(StoreBase):
         self._doc_gen = {r["doc_id"]: int(r["gen"]) for r in rows}
         assert client is not None
         passages = self._names()[0]
-
-        def texts(expr: str) -> list[tuple[str, str]]:
-            return [(r["pid"], r["text"]) for r in self._rows(passages, expr, ["pid", "text"])]
-
-        self._keywords.load(manifest.get("keywords"), self.passage_count(), self._doc_gen,
-                            newer=lambda g: texts(f"{self._visible()} and gen > {g}"),
-                            every=lambda: texts(self._visible()))
-        if self._vectors is not None:
-            self._vectors.load(manifest.get("vectors"), self.passage_count(), self._doc_gen,
-                               newer=lambda g: self._vector_rows(
-                                   f"{self._visible()} and gen > {g}"),
-                               every=lambda: self._vector_rows(self._visible()))
-
-    def _vector_rows(self, expr: str) -> Rows:
-        """The rows matching `expr` as (passage ids, gens, vectors), converted a batch at a time
-        (a million rows as Python floats would take ~10 GB)."""
-        client = self._connected()
-        iterator = self._call("read", client.query_iterator, self._names()[0], batch_size=4096,
-                              filter=expr, output_fields=["pid", "gen", "vector"], **_STRONG)
-        pids, gens, blocks = [], [], []
-        try:
-            while batch := self._call("read", iterator.next):
-                pids += [r["pid"] for r in batch]
-                gens += [int(r["gen"]) for r in batch]
-                blocks.append(np.asarray([r["vector"] for r in batch], dtype=np.float32))
-        finally:
-            iterator.close()
-        vectors = np.concatenate(blocks) if blocks else np.zeros((0, self._dim or 0), np.float32)
-        return pids, np.asarray(gens, dtype=np.int64), vectors
-
-    def _manifest(self) -> dict | None:
-        client = self._connected()
-        if client is None:
-            return None
-        _, _, meta = self._names()
-        if not self._call("read the manifest", client.has_collection, meta):
-            return None
-        found = self._call("read the manifest", client.query, meta, filter='pk == "manifest"',
-                           output_fields=["body"], **_STRONG)
-        if not found:
-            return None
-        try:
-            return json.loads(found[0]["body"])
-        except (KeyError, ValueError) as exc:
-            raise IndexCorruptError(f"The index {self.location.spec} has a damaged manifest "
-                                    f"({exc}). {self._rebuild_hint()}") from exc
-
-    def _rows(self, collection: str, expr: str, fields: list[str], parse_body=False) -> list:
-        """Every row matching `expr` (query_iterator: no limit on how many)."""
-        client = self._connected()
-        iterator = self._call("read", client.query_iterator, collection, batch_size=4096,
-                              filter=expr, output_fields=fields, **_STRONG)
-        out = []
-        try:
-            while batch := self._call("read", iterator.next):
-                out.extend(json.loads(r["body"]) if parse_body else r for r in batch)
-        finally:
-            iterator.close()
-        return out
+        self._copies.load(manifest, self.passage_count(), self._doc_gen,
+                          lambda expr, fields: self._batches(passages, self._visible() + expr,
+                                                             fields), self._dim or 0)
 
     def _visible(self) -> str:
         """The filter for rows of the loaded commit."""
@@ -266,8 +185,7 @@ class MilvusStore(StoreBase):
 
     def _forget(self) -> None:
         self._pending, self._retire = {}, []
-        self._keywords = MilvusKeywords(self.location.keywords_folder())
-        self._vectors = _vectors_for(self.location)
+        self._copies = LocalCopies(self.location)
 
     def _rebuild_hint(self) -> str:
         what = "delete that file" if self.location.lite else \
@@ -290,6 +208,13 @@ class MilvusStore(StoreBase):
             rows = self._rows(self._names()[0], expr, _OUT)
             return sorted((self._passage(r) for r in rows), key=lambda p: p.id)
 
+    def _passage_of(self, record) -> Passage:
+        """A passage from its record (milvus_records.Record)."""
+        doc_id = passage_doc_id(record.pid)
+        return Passage(id=record.pid, doc_id=doc_id, text=record.text,
+                       source=self._documents[doc_id].source, page=record.page or None,
+                       start=record.start)
+
     def _passage(self, row: dict) -> Passage:
         source = self._documents[row["doc_id"]].source
         return Passage(id=row["pid"], doc_id=row["doc_id"], text=row["text"], source=source,
@@ -305,8 +230,7 @@ class MilvusStore(StoreBase):
                 and faiss_ann.wanted(len(self._vectors)))
 
     def _dense_ids(self, vector: np.ndarray, k: int) -> list[tuple[str, float]] | None:
-        # Milvus then reads only the rows retrieve returns, in one query by row key: a query
-        # costs about the same whatever it reads (~5 ms at 100k passages, ~55 ms at 1M).
+        # retrieve then reads only the passages it returns (_fetch: from the records file).
         return self._vectors.search(vector, k) if self._approximate() else None
 
     def _dense(self, vector: np.ndarray, k: int) -> list[tuple[Passage, float]]:
@@ -323,14 +247,14 @@ class MilvusStore(StoreBase):
         client = self._connected()
         found = self._call("search", client.search, self._names()[0], data=[data],
                            anns_field=field, limit=k, filter=self._visible(),
-                           search_params=params, output_fields=fields, **_STRONG)
+                           search_params=params, output_fields=fields, **STRONG)
         return list(found[0]) if found else []
 
     def _fetch(self, ids: list[str], vector: np.ndarray) -> dict[str, tuple[Passage, float]]:
-        if self._vectors is not None:  # the cosines from the vectors held here
-            rows = self._by_key(ids, _OUT)
-            cosines = self._vectors.cosines(rows, vector)
-            return {pid: (self._passage(r), cosines[pid]) for pid, r in rows.items()}
+        if self._records is not None:  # Milvus Lite: the records and vectors held here
+            found = self._records.get(ids)
+            cosines = self._vectors.cosines(found, vector)
+            return {pid: (self._passage_of(r), cosines[pid]) for pid, r in found.items()}
         rows = self._by_key(ids, [*_OUT, "vector"])
         return {pid: (self._passage(r), float(np.asarray(r["vector"], np.float32) @ vector))
                 for pid, r in rows.items()}
@@ -346,7 +270,7 @@ class MilvusStore(StoreBase):
         client = self._connected()
         rows = self._call("read", client.query, self._names()[0],
                           filter=f"pk in {json.dumps(keys)} and {self._visible()}",
-                          output_fields=fields, **_STRONG)
+                          output_fields=fields, **STRONG)
         return {r["pid"]: r for r in rows}
 
     # -- writing ------------------------------------------------------------------------------
@@ -354,9 +278,8 @@ class MilvusStore(StoreBase):
     def _prepare_write(self) -> None:
         folder, _ = self.location.lock_place()
         persist.check_writable(folder)
-        persist.check_writable(self.location.keywords_folder())
-        if self._vectors is not None:
-            persist.check_writable(self._vectors.folder)
+        for copies in self._copies.folders():
+            persist.check_writable(copies)
 
     def _lock(self, on_wait):
         folder, name = self.location.lock_place()
@@ -373,9 +296,7 @@ class MilvusStore(StoreBase):
         if manifest is None:
             return
         gen = int(manifest["gen"])
-        self._keywords.clean(manifest.get("keywords"))
-        if self._vectors is not None:
-            self._vectors.clean(manifest.get("vectors"))
+        self._copies.clean(manifest)
         passages, documents, meta = self._names()
         client = self._connected()
         for name in (passages, documents, meta):
@@ -383,20 +304,6 @@ class MilvusStore(StoreBase):
         retired = [(r["doc_id"], int(r["old_gen"])) for r in self._rows(
             meta, f'kind == "retired" and gen <= {gen}', ["body"], parse_body=True)]
         self._delete_versions(retired)
-
-    def _delete_versions(self, versions: list[tuple[str, int]]) -> None:
-        passages, documents, meta = self._names()
-        client = self._connected()
-        for first in range(0, len(versions), 100):
-            batch = versions[first : first + 100]
-            expr = " or ".join(f'(doc_id == "{d}" and gen == {g})' for d, g in batch)
-            self._call("delete", client.delete, passages, filter=expr)
-            self._call("delete", client.delete, documents, filter=expr)
-            keys = [f"retired:{d}@{g}" for d, g in batch]
-            self._call("delete", client.delete, meta, filter=f"pk in {json.dumps(keys)}")
-        if versions:
-            for name in (passages, documents, meta):
-                self._call("flush", client.flush, name)
 
     def _insert(self, info: DocumentInfo, passages: list[Passage], vectors) -> None:
         if self._dim is None:
@@ -426,20 +333,16 @@ class MilvusStore(StoreBase):
             self._call("flush", client.flush, name)
         self._grow_vector_index(client, passages)
         commit = uuid.uuid4().hex
-        keywords = self._keywords.commit(
-            [(doc_id, rows) for doc_id, (_, rows, _) in self._pending.items()],
-            [doc_id for doc_id, _ in self._retire], gen)
-        vectors = None if self._vectors is None else self._vectors.commit(
-            [([p.id for p in rows], v) for _, rows, v in self._pending.values()],
-            [doc_id for doc_id, _ in self._retire], gen)
+        copies = self._copies.commit({d: (rows, v) for d, (_, rows, v) in self._pending.items()},
+                                     [doc_id for doc_id, _ in self._retire], gen)
         manifest = {"gen": gen, "commit": commit, "embedder": self._model_name or "",
                     "dim": self._dim or 0, "vector_index": self._vector_index,
-                    "vector_policy": self._vector_policy,
-                    "keywords": keywords, "vectors": vectors}
+                    "vector_policy": self._vector_policy, **copies}
         _commit_point(self, client, meta, manifest)
-        self._keywords.clean(keywords)
-        if self._vectors is not None:
-            self._vectors.clean(vectors)
+        self._copies.clean(manifest)
+        if not self._wrote:
+            self._wrote = True
+            atexit.register(self.finish)  # a process that never closes it (the CLI)
         self._commit, self._gen = commit, gen
         for doc_id in self._pending:
             self._doc_gen[doc_id] = gen
@@ -450,6 +353,31 @@ class MilvusStore(StoreBase):
         self._retired = retired  # visible as gone until their rows are deleted
         self._delete_versions(retired)
         self._retired = []
+
+    def finish(self) -> None:
+        """Bring the local copies up to the commit this store holds, as a writer's `close`
+        does (an index a killed writer left can be finished by any writer). Writes the
+        copies that lag behind and names them in a manifest of the same gen with a new commit id (the files first, as in `_save`; the
+        old ones deleted after). Nothing when another writer committed since: its own finish
+        covers its commit. A failure is logged, not raised: the copies are only slower to
+        open until the next writer finishes."""
+        atexit.unregister(self.finish)
+        self._wrote = False
+        if not self._copies.stale:
+            return
+        try:
+            with self._lock(None), self._mutex:
+                manifest = self._manifest()
+                if manifest is None or manifest["commit"] != self._commit:
+                    return
+                manifest.update(self._copies.save(self._gen), commit=uuid.uuid4().hex)
+                _commit_point(self, self._connected(), self._names()[2], manifest)
+                self._commit = manifest["commit"]
+                self._copies.clean(manifest)
+        except (RetrievalError, OSError) as exc:
+            self._commit = "unknown"  # the copies may name files no manifest does: reload
+            logger.warning("The files beside %s were not brought up to date (%s); the next "
+                           "open reads the newest passages from Milvus.", self.location.spec, exc)
 
     def _grow_vector_index(self, client, passages: str) -> None:
         """Under the AUTO policy, switch to IVF_FLAT once the commit holds APPROX_THRESHOLD
@@ -462,54 +390,8 @@ class MilvusStore(StoreBase):
             self._call("index the vectors", use_ivf, client, passages)
             self._vector_index = "IVF_FLAT"
 
-    def _write_passages(self, gen: int, rows: list[Passage], vectors: np.ndarray) -> None:
-        too_long = [p.id for p in rows if len(p.text.encode("utf-8")) > _MAX_TEXT]
-        if too_long:
-            raise IndexNotWritableError(f"passage {too_long[0]} is longer than Milvus' "
-                                        f"{_MAX_TEXT}-byte text field; nothing was changed")
-        self._call("add passages", self._vector_store().add_embeddings,
-                   [p.text for p in rows], vectors.tolist(),
-                   metadatas=[{"pid": p.id, "doc_id": p.doc_id, "gen": gen, "page": p.page or 0,
-                               "start": p.start} for p in rows],
-                   ids=[f"{p.id}@{gen}" for p in rows], batch_size=_BATCH)
-
-    def _vector_store(self):
-        """langchain-milvus's vector store over the passages collection (made once)."""
-        if self._lc is None:
-            from langchain_milvus import BM25BuiltInFunction, Milvus
-
-            # It warns that its async client needs an event loop; nothing here is async.
-            logging.getLogger("langchain_milvus").setLevel(logging.ERROR)
-
-            self._lc = Milvus(
-                embedding_function=self.embedder, collection_name=self._names()[0],
-                connection_args={"uri": self.location.uri,
-                                 "token": os.environ.get("RAGSPEC_MILVUS_TOKEN", "")},
-                builtin_function=BM25BuiltInFunction(input_field_names="text",
-                                                     output_field_names="sparse"),
-                vector_field=["vector", "sparse"], primary_field="pk", text_field="text",
-                consistency_level="Strong", auto_id=False,
-            )
-        return self._lc
-
-    def _create_collections(self) -> None:
-        from ragspec.retrieval.milvus_schema import create_collections
-
-        create_collections(self._connected(create=True), self._names(), self._dim or 2,
-                           self._vector_index)
-
-
-def _vectors_for(location: MilvusLocation) -> MilvusVectors | None:
-    """The vectors kept beside a Milvus Lite file; None for a server (see the module
-    docstring)."""
-    folder = location.vectors_folder()
-    return None if folder is None else MilvusVectors(folder)
-
 
 def _commit_point(store: MilvusStore, client, meta: str, manifest: dict) -> None:
-    """Upsert the manifest: from here on readers see the new commit (a test breaks it here to
-    play a crash)."""
-    store._call("commit", client.upsert, meta, [
-        {"pk": "manifest", "kind": "manifest", "gen": manifest["gen"],
-         "body": json.dumps(manifest), "v": [0.0, 0.0]}])
-    store._call("flush", client.flush, meta)
+    """milvus_collections.commit_point, looked up here at each commit (a test breaks it here
+    to play a crash)."""
+    commit_point(store, client, meta, manifest)

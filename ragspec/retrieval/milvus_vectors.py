@@ -10,16 +10,10 @@ Contract:
     and the rows after them moved up. `search(vector, k)` gives the best k (passage id,
     cosine), best first; `cosines(ids, vector)` the cosine of each passage it holds.
   * Files: `vectors-<g>.bin` in the location's vectors folder (milvus_location.vectors_folder):
-    a header line, the passage ids, then the float32 rows. The same rules as the keyword file
-    (milvus_keywords.py): the manifest names the file it relies on ({"file", "gen",
-    "sha256"}); a file is written (to a temporary name, fsynced, renamed) before the manifest
-    that names it; files the manifest does not name are left-overs, deleted by the next writer
-    (`clean`); a file is rewritten when the passages added or removed since its commit reach
-    REWRITE_SHARE of the index. A reader catches up from the file: it drops the documents
-    removed or replaced after the file's commit and appends the visible rows with a newer gen,
-    read from Milvus. When the file is missing, damaged or does not match the commit, the
-    vectors are read from Milvus again: Milvus holds the authoritative copy, so rebuilding is
-    always safe, only slower. Rows read from Milvus come in (gen, passage id) order.
+    a header line, the passage ids, then the float32 rows; written, named, caught up,
+    rewritten and cleaned by the side-file protocol (milvus_sidefile.py). Rows (`added`) are
+    (passage ids, vectors) blocks; `sorted_blocks` puts rows read from Milvus in (gen, passage
+    id) order, the order their commits added them.
   * Memory: 4 bytes per dimension per passage (1.5 GB at 1M passages of 384 dimensions), and
     the approximate index's 1 byte per dimension once a search past the threshold built it.
 """
@@ -29,21 +23,17 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import faiss
 import numpy as np
 
-from ragspec.fileio import fsync_dir, write_parts_atomically
+from ragspec.fileio import write_parts_atomically
 from ragspec.retrieval.faiss_ann import ApproxIndex
+from ragspec.retrieval.milvus_sidefile import SideFile
 from ragspec.retrieval.store_base import passage_doc_id
 
-logger = logging.getLogger(__name__)
-
-REWRITE_SHARE = 0.25
-_PREFIX = "vectors-"
 _MAGIC = b"ragspec vectors 1\n"
 _CHUNK_ROWS = 65_536  # rows per read or write: bounded memory beside the flat index
 
@@ -51,95 +41,72 @@ _CHUNK_ROWS = 65_536  # rows per read or write: bounded memory beside the flat i
 Rows = tuple[list[str], np.ndarray, np.ndarray]
 
 
-class MilvusVectors:
+def sorted_blocks(rows: Rows) -> Iterator[tuple[list[str], np.ndarray]]:
+    """Rows read from Milvus as (ids, vectors) blocks in (gen, passage id) order, made a chunk
+    at a time as they are consumed (no second copy of all the rows)."""
+    pids, gens, vectors = rows
+    order = np.asarray(sorted(range(len(pids)), key=lambda i: (int(gens[i]), pids[i])),
+                       dtype=np.int64)
+    for start in range(0, len(order), _CHUNK_ROWS):
+        chunk = order[start : start + _CHUNK_ROWS]
+        yield [pids[i] for i in chunk.tolist()], vectors[chunk]
+
+
+class MilvusVectors(SideFile):
     """See the module docstring."""
 
+    PREFIX, SUFFIX, WHAT = "vectors-", ".bin", "vectors"
+
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.flat: faiss.Index | None = None
-        self.pids: list[str] = []
-        self._doc_pids: dict[str, list[str]] = {}
-        self._rows: dict[str, int] | None = None  # passage id -> row, made when asked
         self.approx = ApproxIndex()
-        self.file: dict | None = None  # the manifest entry of the file these rows came from
-        self._changed = 0  # passages added or removed since that file's commit
+        super().__init__(folder)
 
     def __len__(self) -> int:
         return 0 if self.flat is None else int(self.flat.ntotal)
 
-    # -- loading ------------------------------------------------------------------------------
-
-    def load(self, entry: dict | None, count: int, doc_gen: dict[str, int],
-             newer: Callable[[int], Rows], every: Callable[[], Rows]) -> None:
-        """The vectors of the commit whose documents (doc id -> gen) hold `count` passages.
-        newer(g): the visible rows with gen > g; every(): all visible rows."""
-        self._reset()
-        try:
-            if entry is None:
-                raise ValueError("the index names no vector file")
-            self._read(entry)
-            gen = int(entry["gen"])
-            self.apply([d for d in self._doc_pids if doc_gen.get(d, gen + 1) > gen], [])
-            self._append_sorted(newer(gen))
-            if len(self) != count:
-                raise ValueError(f"it holds {len(self)} passages, the index {count}")
-            self.file = entry
-            return
-        except (OSError, ValueError) as exc:
-            logger.info("reading the vectors from Milvus: %s", exc)
-        self._reset()
-        self._append_sorted(every())
-        self._changed = len(self)
-
     def _reset(self) -> None:
-        self.flat, self.pids, self._doc_pids, self._rows = None, [], {}, None
+        self.flat: faiss.Index | None = None
+        self.pids: list[str] = []
+        self._doc_pids: dict[str, list[str]] = {}
+        self._rows: dict[str, int] | None = None  # passage id -> row, made when asked
         self.approx.invalidate()
-        self.file, self._changed = None, 0
 
-    def _read(self, entry: dict) -> None:
+    def _read(self, path: Path, sha256: str) -> None:
         digest = hashlib.sha256()
-        with open(self.folder / entry["file"], "rb") as f:
+        with open(path, "rb") as f:
             head = f.read(len(_MAGIC))
             line = f.readline()
             digest.update(head + line)
             if head != _MAGIC:
-                raise ValueError(f"{entry['file']} is not a vector file")
+                raise ValueError(f"{path.name} is not a vector file")
             header = json.loads(line)
             count, dim, size = int(header["count"]), int(header["dim"]), int(header["ids"])
             raw = f.read(size)
             digest.update(raw)
             pids = raw.decode("utf-8").split("\n") if count else []
             if len(pids) != count:
-                raise ValueError(f"{entry['file']} is damaged (ids)")
+                raise ValueError(f"{path.name} is damaged (ids)")
             flat = faiss.IndexFlatIP(dim) if dim else None
             for start in range(0, count, _CHUNK_ROWS):
                 rows = min(_CHUNK_ROWS, count - start)
                 block = f.read(rows * dim * 4)
                 digest.update(block)
                 if len(block) != rows * dim * 4:
-                    raise ValueError(f"{entry['file']} is truncated")
+                    raise ValueError(f"{path.name} is truncated")
                 flat.add(np.frombuffer(block, dtype="<f4").reshape(rows, dim))
             digest.update(f.read())  # anything after the rows fails the checksum
-        if digest.hexdigest() != entry["sha256"]:
-            raise ValueError(f"{entry['file']} does not match its checksum")
+        if digest.hexdigest() != sha256:
+            raise ValueError(f"{path.name} does not match its checksum")
         self.flat = flat
         self._add_ids(pids)
 
-    def _append_sorted(self, rows: Rows) -> None:
-        pids, gens, vectors = rows
-        if not pids:
-            return
-        order = np.asarray(sorted(range(len(pids)), key=lambda i: (int(gens[i]), pids[i])),
-                           dtype=np.int64)
-        for start in range(0, len(order), _CHUNK_ROWS):  # no second copy of all the rows
-            chunk = order[start : start + _CHUNK_ROWS]
-            self._add([pids[i] for i in chunk.tolist()], vectors[chunk])
+    def _doc_ids(self) -> Iterable[str]:
+        return list(self._doc_pids)
 
-    # -- changing -----------------------------------------------------------------------------
-
-    def apply(self, removed_docs: Iterable[str],
-              added: Iterable[tuple[list[str], np.ndarray]]) -> None:
+    def _apply(self, removed_docs: Iterable[str],
+               added: Iterable[tuple[list[str], np.ndarray]]) -> int:
         """Drop every row of `removed_docs`, then append the (ids, vectors) blocks."""
+        changed = 0
         gone = [pid for doc_id in removed_docs for pid in self._doc_pids.pop(doc_id, [])]
         if gone:
             rows = self._row_of()
@@ -150,10 +117,11 @@ class MilvusVectors:
             self.pids = [pid for pid, kept in zip(self.pids, keep.tolist(), strict=True) if kept]
             self._rows = None
             self.approx.invalidate()  # the rows after a dropped one moved
-            self._changed += len(gone)
+            changed += len(gone)
         for pids, vectors in added:
             self._add(pids, vectors)
-            self._changed += len(pids)
+            changed += len(pids)
+        return changed
 
     def _add(self, pids: list[str], vectors: np.ndarray) -> None:
         if not pids:
@@ -171,23 +139,7 @@ class MilvusVectors:
         for pid in pids:
             self._doc_pids.setdefault(passage_doc_id(pid), []).append(pid)
 
-    def commit(self, pending: Iterable[tuple[list[str], np.ndarray]], retired: Iterable[str],
-               gen: int) -> dict | None:
-        """Apply a commit's changes; write the file for `gen` when it is due. Returns the
-        manifest entry the commit must name (the new file's, or the one still relied on)."""
-        self.apply(retired, pending)
-        if self.file is not None and self._changed < REWRITE_SHARE * max(1, len(self)):
-            return self.file
-        self.folder.mkdir(parents=True, exist_ok=True)
-        name = f"{_PREFIX}{gen}.bin"
-        self.file = {"file": name, "gen": gen, "sha256": self._write(self.folder / name)}
-        fsync_dir(self.folder)
-        self._changed = 0
-        return self.file
-
     def _write(self, path: Path) -> str:
-        """Write the rows to `path` atomically (a temporary name, fsynced, renamed); their
-        sha256."""
         digest = hashlib.sha256()
         dim = 0 if self.flat is None else int(self.flat.d)
         ids = "\n".join(self.pids).encode("utf-8")
@@ -206,16 +158,6 @@ class MilvusVectors:
 
         write_parts_atomically(path, hashed(itertools.chain((head, ids), rows())))
         return digest.hexdigest()
-
-    def clean(self, keep: dict | None) -> None:
-        """Delete the vector files the manifest (entry `keep`) does not name, and temporary
-        files a crash left."""
-        if not self.folder.is_dir():
-            return
-        for path in [*self.folder.glob(f"{_PREFIX}*.bin"),
-                     *self.folder.glob(f".{_PREFIX}*.tmp")]:
-            if keep is None or path.name != keep["file"]:
-                path.unlink(missing_ok=True)
 
     # -- searching ----------------------------------------------------------------------------
 
