@@ -78,6 +78,13 @@ def test_searches_read_the_passages_milvus_holds_from_the_records_file(
     calls = _no_milvus_rows(milvus, monkeypatch)
     assert _answers(milvus) == expected and calls == []
     assert milvus._records.get([ids[0] + "x", ids[0][:-1]]) == {}  # not held: left out
+    vector = corpus.queries.embed_array(["passage 3 topic 3"])[0]
+    held = milvus._fetch(ids, vector)
+    copies = milvus._copies
+    monkeypatch.setattr(milvus, "_by_key", type(milvus)._by_key.__get__(milvus))
+    monkeypatch.setattr(copies, "records", None)  # as on a server: rows from Milvus
+    monkeypatch.setattr(copies, "vectors", None)
+    assert milvus._fetch(ids, vector) == held
 
 
 def test_the_records_file_catches_up_and_is_read_from_milvus_when_missing_or_damaged(

@@ -143,6 +143,7 @@ def test_below_the_threshold_with_exact_asked_or_on_a_server_milvus_searches_its
     server = MilvusLocation(uri="http://localhost:19530", collection="ragspec",
                             spec="milvus://localhost:19530/ragspec")
     assert server.vectors_folder() is None and LocalCopies(server).vectors is None
+    assert server.records_folder() is None and LocalCopies(server).records is None
 
 
 def test_the_vector_file_catches_up_and_is_read_from_milvus_when_missing_or_damaged(

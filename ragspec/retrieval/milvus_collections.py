@@ -3,8 +3,8 @@ collections' names, rows read in batches, the manifest row, and rows written and
 
 Contract: `MilvusCollections` is a base class of milvus_store.MilvusStore (see there for what
 each collection holds and the commit protocol); it uses the store's `location`, `embedder`,
-`_client`, `_lc`, `_dim` and `_vector_index`, and decides nothing about commits itself.
-`commit_point` upserts the manifest: the instant a commit becomes visible.
+`_client`, `_lc`, `_dim`, `_vector_index` and `_rebuild_hint`, and decides nothing about
+commits itself. `commit_point` upserts the manifest: the instant a commit becomes visible.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ Contract:
     (milvus_sidefile.py). Rows (`added`) are Records.
   * Memory: the file is mapped, not read: what a search touches is paged in (the ids' binary
     search and the texts returned). Records added since the file (caught up at open, or
-    committed since) are held in a dict until the file is rewritten; a removed document's
-    rows in the file are hidden by its id.
+    committed since) are held in a dict until the file is rewritten (then the new file is
+    mapped instead); a removed document's rows in the file are hidden by its id.
 """
 
 from __future__ import annotations
@@ -79,9 +79,13 @@ class MilvusRecords(SideFile):
             digest = hashlib.sha256()
             while block := f.read(_HASH_BLOCK):
                 digest.update(block)
-            if digest.hexdigest() != sha256:
-                raise ValueError(f"{path.name} does not match its checksum")
-            if f.tell() == 0:
+        if digest.hexdigest() != sha256:
+            raise ValueError(f"{path.name} does not match its checksum")
+        self._map_file(path)
+
+    def _map_file(self, path: Path) -> None:
+        with open(path, "rb") as f:
+            if not f.seek(0, 2):
                 raise ValueError(f"{path.name} is empty")
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if self._map[: len(_MAGIC)] != _MAGIC:
@@ -158,6 +162,8 @@ class MilvusRecords(SideFile):
                 yield piece
 
         write_parts_atomically(path, hashed(parts()))
+        self._reset()  # the records held since the last file now live in the new one
+        self._map_file(path)
         return digest.hexdigest()
 
     def _text_bytes(self, i: int, old: np.ndarray, texts: list[bytes]) -> bytes:
