@@ -14,6 +14,8 @@ Usage:
       --index milvus:/tmp/kept/milvus-1000000/index.db --n 1000000 --json OUT
   PYTHONPATH=. python scripts/bench_scale.py finish --texts /tmp/scale-texts.jsonl \\
       --index milvus:/tmp/kept/milvus-1000000/index.db   # side files of an older kept index
+  PYTHONPATH=. python scripts/bench_scale.py sameness --texts /tmp/scale-texts.jsonl \\
+      --index milvus:/tmp/kept/milvus-1000000/index.db   # hits = Milvus' rows for their ids
   PYTHONPATH=. python scripts/bench_scale.py ingest --texts /tmp/scale-texts.jsonl \\
       --sizes 100000,1000000 --code .,/work/main --json OUT   # before/after, vectors given
   PYTHONPATH=. python scripts/bench_scale.py hybrid --texts /tmp/scale-texts.jsonl \
@@ -537,11 +539,17 @@ def search(texts_path, sizes, names, repeats, json_out, keep, child) -> None:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def _kept_milvus(command):
+    """The --texts and --index options of the commands that work on a kept Milvus Lite index."""
+    command = click.option("--index", "where", required=True,
+                           help="A Milvus Lite index `search --keep` left (its `index` field).")(
+        command)
+    return click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
+                        required=True)(command)
+
+
 @main.command()
-@click.option("--texts", "texts_path", type=click.Path(exists=True, path_type=Path),
-              required=True)
-@click.option("--index", "where", required=True,
-              help="A Milvus Lite index `search --keep` left (its `index` field).")
+@_kept_milvus
 def finish(texts_path, where) -> None:
     """Open a kept Milvus index and bring its side files up to its last commit, as a writer's
     close does (an index kept before writers did that): the time to open (catching up from
@@ -561,6 +569,32 @@ def finish(texts_path, where) -> None:
     store.close()
     out["peak_rss_mb"] = round(peak_rss_mb(children=True), 1)
     click.echo(json.dumps(out))
+
+
+@main.command()
+@_kept_milvus
+def sameness(texts_path, where) -> None:
+    """Every question's hits (dense and hybrid, k = 5 and 50), as a search returns them (on
+    Milvus Lite from the records file beside it), against the same ids' rows read from Milvus
+    by row key: how many searches give exactly Milvus' passages."""
+    from ragspec.retrieval.backends import open_index
+
+    saved = np.load(_vectors_path(texts_path))
+    questions = [str(q) for q in saved["questions"]]
+    store = open_index(where, _Lookup(questions, saved["queries"]))
+    fields = ["pid", "doc_id", "page", "start", "text"]
+    same = searches = 0
+    for mode in ("dense", "hybrid"):
+        for k in (K, 50):
+            for q in questions:
+                hits = store.retrieve(q, k=k, mode=mode).hits
+                rows = store._by_key([h.passage.id for h in hits], fields)
+                searches += 1
+                same += [h.passage for h in hits] == [
+                    store._passage(rows[h.passage.id]) if h.passage.id in rows else None
+                    for h in hits]
+    store.close()
+    click.echo(json.dumps({"index": where, "searches": searches, "same_as_milvus": same}))
 
 
 @main.command()
