@@ -2,15 +2,19 @@
 file (milvus_records.py), never from Milvus: the same passages (text, page, offset, source) as
 Milvus holds, through adds, replacements and removals; the records file catches up across
 commits that did not rewrite it, is read again from Milvus when missing or damaged, and a
-crashed commit's file is removed by the next writer. A writer that finishes (close) leaves
-every side file at its last commit, so the next open asks Milvus for no passage rows. The
-records file itself is checked against a dict of the same records."""
+crashed commit's file is removed by the next writer. A writer that finishes (close, or its
+process's exit) leaves every side file at its last commit, so the next open asks Milvus for no
+passage rows. The records file itself is checked against a dict of the same records."""
 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+from fakes import HashEmbedder
 from test_milvus_vectors import (  # noqa: F401 (opened, small_threshold: fixtures)
     _commit,
     _Corpus,
@@ -20,10 +24,12 @@ from test_milvus_vectors import (  # noqa: F401 (opened, small_threshold: fixtur
     small_threshold,
 )
 
-from ragspec.retrieval import milvus_sidefile
+from ragspec.retrieval import backends, milvus_sidefile
 from ragspec.retrieval import milvus_store as milvus_module
 from ragspec.retrieval.milvus_records import MilvusRecords, Record
 from ragspec.retrieval.passages import PassageDraft
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _document(corpus: _Corpus, name: str, n: int = 100, version: int = 0):
@@ -219,3 +225,29 @@ def test_the_records_file_holds_exactly_what_a_dict_of_the_records_holds(tmp_pat
             assert records.file == entry
         assert len(records) == len(oracle)
         assert records.get(rng.sample(made, len(made))) == oracle
+
+
+def test_a_writer_process_that_exits_without_closing_finishes_at_exit(tmp_path):
+    """`ragspec ingest` never closes its store: the process's exit brings the side files up to
+    its last commit (commits here never rewrite them themselves)."""
+    script = f"""
+import sys
+sys.path.insert(0, {str(REPO / "tests")!r})
+from fakes import HashEmbedder
+from ragspec.retrieval import backends, milvus_sidefile
+from ragspec.retrieval.ingest import ingest_paths
+milvus_sidefile.REWRITE_SHARE = 10.0
+store = backends.open_index("milvus:{tmp_path}/i.db", HashEmbedder())
+ingest_paths([{str(REPO / "data" / "corpus")!r}], store, commit_every=2)
+print(store._gen, sorted(c.file["gen"] for c in store._copies.files().values()))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=REPO, check=True)
+    gen, gens = done.stdout.split(maxsplit=1)
+    assert int(gen) > 1 and gens.strip() == "[1, 1, 1]"  # the files lag when it exits
+    store = backends.open_index(f"milvus:{tmp_path}/i.db", HashEmbedder())
+    try:
+        assert store._gen == int(gen) and not store._copies.stale
+        assert {c.file["gen"] for c in store._copies.files().values()} == {int(gen)}
+    finally:
+        store.close()
