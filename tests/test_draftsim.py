@@ -22,6 +22,7 @@ def repetitive_prompts(vocab: int, count: int, seed: int = 3):
 def test_replay_takes_exactly_the_engines_steps(tiny_model, tiny_tokenizer):
     # the same policy state and cost on both sides: the replay must verify the same drafts
     gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[], cost=STEEP)
+    gen.pace = None  # the replay has no step times: both governors judge by the curve
     cfg = GenerationConfig(max_new_tokens=40, draft=DraftConfig())
     compared = 0
     for prompt in repetitive_prompts(len(tiny_tokenizer), 12):

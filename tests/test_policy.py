@@ -34,6 +34,20 @@ def test_choice_maximises_expected_tokens_per_second():
             assert policy.choose(match(extended), 100) == brute_best(rates, cost, 16)
 
 
+def test_choice_at_a_context_maximises_along_the_curve_taken_there():
+    near = [0.005 * (1 + 0.1 * n) for n in range(17)]
+    far = [0.007 * (1 + 0.25 * n) for n in range(17)]
+    cost = ForwardCost(near, context=256, far=far, far_context=1024)
+    for context in (0, 256, 700, 1024, 3000):
+        assert cost.curve(17, context) == [cost(n, context) for n in range(1, 18)]
+        assert cost.curve(20, context) == [cost(n, context) for n in range(1, 21)]
+        for extended in (1, 3, 9, 40):
+            policy = DraftPolicy(DraftConfig(), cost)
+            rates = [policy.acceptance.rate(extended, i) for i in range(16)]
+            want = brute_best(rates, lambda n, at=context: cost(n, at), 16)
+            assert policy.choose(match(extended), 100, context) == want
+
+
 def test_weak_single_token_match_gets_at_most_one_token_on_a_steep_cost_curve():
     # transformers' prompt lookup drafts 10 tokens on a lone repeated token; that is its loss.
     policy = DraftPolicy(DraftConfig(), CPU)
@@ -161,3 +175,27 @@ def test_governor_never_suspends_drafts_that_pay():
     # at first only what a total miss could lose within the budget; once gains are banked, all
     assert 0 < lengths[0] < 6 and set(lengths[3:]) == {6}
     assert gov.ledger == -gov.credit and gov.suspensions == 0
+
+
+def test_governor_counts_drafts_in_measured_time_against_the_live_pace_of_plain_steps():
+    from ragspec.decoding.policy import DraftGovernor, StepPace
+
+    def verified_steps(pace, plain_seconds, draft_seconds, accepted=1):
+        gov = DraftGovernor(STEEP, budget=1.0, max_resumes=0, pace=pace)
+        for _ in range(5):
+            gov.record(0, 0, None, plain_seconds)  # plain steps set the pace
+        steps = 0
+        while steps < 200 and gov.limit(2):
+            gov.record(2, accepted, None, draft_seconds)
+            steps += 1
+        return steps
+
+    # by the curve a 2-token draft with one accepted pays (c(3) = 1.22 c(1) for 2 tokens), but
+    # here it takes 2.3 plain steps: measured, it loses 0.3 a step and drafting stops soon
+    plain = STEEP(1)
+    assert verified_steps(None, plain, 2.3 * plain) == 200  # the curve alone never stops it
+    assert verified_steps(StepPace(), plain, 2.3 * plain) <= 5
+    # a busy machine slows plain steps and verifies alike: no loss, drafting goes on
+    assert verified_steps(StepPace(), 2 * plain, 2 * STEEP(3)) == 200
+    # too few plain steps seen to know the pace: the curve decides
+    assert verified_steps(StepPace(min_samples=10), plain, 2.3 * plain) == 200

@@ -28,7 +28,7 @@ from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.calibrate import CostWatch
 from ragspec.decoding.ngram import Match, NgramIndex, WordKeys
 from ragspec.decoding.packed import step_forward
-from ragspec.decoding.policy import DraftGovernor, DraftPolicy, DraftShadow, ForwardCost
+from ragspec.decoding.policy import DraftGovernor, DraftPolicy, DraftShadow, ForwardCost, StepPace
 from ragspec.decoding.provenance import locate_origin
 from ragspec.decoding.repetition import RepetitionGuard, penalty_windows
 from ragspec.decoding.sampling import (
@@ -74,6 +74,8 @@ class Generator:
         self.cost = cost
         self.recalibrate = recalibrate
         self.watch = CostWatch()
+        # live plain steps against the curve, for the governors (None: they judge by the curve)
+        self.pace: StepPace | None = StepPace()
         self._strikes = 0  # consecutive checks in which live step times disagreed with the curve
         self.recalibration_due = False
         self._policies: dict = {}  # DraftConfig -> DraftPolicy; learning persists across calls
@@ -211,7 +213,7 @@ class GenerationStream:
                                  follow=config.draft.follow,
                                  keys=gen.word_keys if config.draft.variants else None)
         # per generation: what drafts may lose to plain steps (None: unbounded)
-        self._governor = (DraftGovernor(self._policy.cost)
+        self._governor = (DraftGovernor(self._policy.cost, pace=gen.pace)
                           if self._policy is not None and config.draft.adaptive
                           and config.draft.governed else None)
         # declined proposals, learnt from as the model writes on
@@ -275,8 +277,11 @@ class GenerationStream:
             match, draft = self._propose()
             logits = self._verify(draft)
             step = self._accept(logits, match, draft)
+            seconds = time.perf_counter() - clock
             if self._policy is not None:  # the step's cost, as calibrate measures it
-                self.gen.watch.observe(len(draft) + 1, time.perf_counter() - clock, context)
+                self.gen.watch.observe(len(draft) + 1, seconds, context)
+            if self._governor is not None:  # in measured time (policy.StepPace)
+                self._governor.record(len(draft), step.accepted, context, seconds)
 
     def _prefill(self) -> Step:
         self._cache = new_cache(self.gen.model)
@@ -334,8 +339,6 @@ class GenerationStream:
             crop_cache(self._cache, len(self._index) + accepted)
         if self._policy is not None and draft:
             self._policy.observe(match, len(draft), accepted)
-        if self._governor is not None and draft:
-            self._governor.record(len(draft), accepted, len(self._index) - 1)
         self.stats.forward_passes += 1
         origin = match.origin if draft and self.forced is None else None
         return Step([*draft[:accepted], token], accepted, len(draft), origin)

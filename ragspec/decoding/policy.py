@@ -36,6 +36,8 @@ while only its shape (c(k+1)/c(1)) matters here.
 from __future__ import annotations
 
 import bisect
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from ragspec.decoding.ngram import Match
@@ -92,6 +94,15 @@ class ForwardCost:
         far = self._point(self.far, n)
         w = (context - self.context) / (self.far_context - self.context)
         return max(near + (far - near) * w, 0.5 * min(near, far))
+
+    def curve(self, count: int, context: int | None = None) -> list[float]:
+        """[c(1), ..., c(count)] at `context`, the values calling the curve n by n gives, in one
+        pass (the policy reads it every step)."""
+        if self.far is None or context is None or count > len(self.seconds):
+            return [self(n, context) for n in range(1, count + 1)]
+        w = (context - self.context) / (self.far_context - self.context)
+        return [max(near + (far - near) * w, 0.5 * min(near, far))
+                for near, far in zip(self.seconds[:count], self.far[:count], strict=True)]
 
     @classmethod
     def flat(cls, max_tokens: int) -> ForwardCost:
@@ -176,9 +187,13 @@ class DraftPolicy:
             return limit
         cls = evidence_class(match)
         rates = [self.acceptance.rate(match.extended, i, cls) for i in range(_POSITIONS)]
-        best_k, best_rate = 0, 1.0 / self.cost(1, context)
+        costs = self.cost.curve(limit + 1, context)
+        best_k, best_rate = 0, 1.0 / costs[0]
+        tokens, reach = 1.0, 1.0  # expected_tokens(rates, k), one k at a time
         for k in range(1, limit + 1):
-            tokens_per_s = expected_tokens(rates, k) / self.cost(k + 1, context)
+            reach *= rates[min(k - 1, _POSITIONS - 1)]
+            tokens += reach
+            tokens_per_s = tokens / costs[k]
             if tokens_per_s > best_rate:
                 best_k, best_rate = k, tokens_per_s
         return best_k
@@ -216,6 +231,31 @@ class DraftShadow:
         self.policy.observe(match, length, agreed)
 
 
+class StepPace:
+    """What a plain one-token step costs now, live: recent plain steps' measured seconds over
+    the curve's c(1) at their context (the median of the last `window`), per generator.
+
+    The curve prices a verify against a plain step as the calibration saw them, and that shape
+    can be off for a real answer (measured on the bundled model at ~900 cached tokens: verifies
+    of 3 and 5 tokens cost 1.34x and 1.65x a plain step there, where the cached curve said
+    1.18x and 1.42x). The governor therefore counts what a verified draft lost in measured
+    time: its step's seconds against (accepted + 1) plain steps at this pace."""
+
+    def __init__(self, window: int = 32, min_samples: int = 3):
+        self.min_samples = min_samples
+        self._ratios: deque[float] = deque(maxlen=window)
+
+    def observe(self, seconds: float, plain_curve: float) -> None:
+        """A plain step took `seconds`; the curve's c(1) at its context is `plain_curve`."""
+        self._ratios.append(seconds / plain_curve)
+
+    def scale(self) -> float | None:
+        """Live plain steps over the curve's (None: too few seen yet)."""
+        if len(self._ratios) < self.min_samples:
+            return None
+        return statistics.median(self._ratios)
+
+
 class DraftGovernor:
     """Per generation, the rule that keeps speculation from losing to plain decoding.
 
@@ -235,17 +275,21 @@ class DraftGovernor:
 
     So by the cost curve a generation loses at most (1 + max_resumes) · budget plain steps to
     plain decoding, however its drafts fare, and a question that drafts badly is back to plain
-    steps after about `budget` plain steps' worth of rejections. Exact: it only decides whether
-    to draft, never what the model writes."""
+    steps after about `budget` plain steps' worth of rejections. With a `pace` (StepPace) and
+    each step's measured seconds (`record`), verified drafts enter the ledger in measured time
+    instead, so the bound holds for the time the steps took, not only for the curve's estimate
+    of it (up to the worst case of each admitted draft, which only the curve can foretell).
+    Exact: it only decides whether to draft, never what the model writes."""
 
     def __init__(self, cost: ForwardCost, budget: float = 1.0, credit: float = 2.0,
-                 max_resumes: int = 2):
+                 max_resumes: int = 2, pace: StepPace | None = None):
         if budget <= 0 or credit < 0 or max_resumes < 0:
             raise ValueError("DraftGovernor needs budget > 0, credit >= 0 and max_resumes >= 0")
         self.cost = cost
         self.budget = budget
         self.credit = credit
         self.max_resumes = max_resumes
+        self.pace = pace
         self.ledger = 0.0
         self.suspended = False
         self.suspensions = 0
@@ -271,10 +315,21 @@ class DraftGovernor:
             self.suspensions += 1
         return k
 
-    def record(self, drafted: int, accepted: int, context: int | None = None) -> None:
-        """A verified draft's outcome."""
-        if drafted > 0:
+    def record(self, drafted: int, accepted: int, context: int | None = None,
+               seconds: float | None = None) -> None:
+        """A step's outcome: a verified draft's (drafted > 0), or a plain step's. With the
+        step's measured `seconds` and a `pace`, a plain step sets the pace and a draft's loss
+        is counted in measured time (StepPace); otherwise by the curve."""
+        plain = self.cost(1, context)
+        if drafted <= 0:
+            if seconds is not None and self.pace is not None:
+                self.pace.observe(seconds, plain)
+            return
+        scale = self.pace.scale() if seconds is not None and self.pace is not None else None
+        if scale is None:
             self._add(self._loss(drafted, accepted, context))
+        else:
+            self._add((seconds - (accepted + 1) * plain * scale) / (plain * scale))
 
     def shadow(self, draft: list[int], context: int | None = None) -> None:
         """While suspended: follow a proposal that was not verified (one at a time)."""
