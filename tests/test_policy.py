@@ -199,3 +199,34 @@ def test_governor_counts_drafts_in_measured_time_against_the_live_pace_of_plain_
     assert verified_steps(StepPace(), 2 * plain, 2 * STEEP(3)) == 200
     # too few plain steps seen to know the pace: the curve decides
     assert verified_steps(StepPace(min_samples=10), plain, 2.3 * plain) == 200
+
+
+def test_the_policy_prices_verifies_at_the_live_correction_of_the_curve():
+    from ragspec.decoding.policy import StepPace
+
+    pace = StepPace()
+    policy = DraftPolicy(DraftConfig(), STEEP, pace)
+    plain = STEEP(1)
+    for _ in range(8):
+        pace.observe(2 * plain, plain)  # a busy machine: twice the curve, plain and verify alike
+        pace.observe_verify(2 * STEEP(3), STEEP(3))
+    assert pace.verify_correction() == 1.0
+    rates = [policy.acceptance.rate(2, i) for i in range(16)]
+    assert policy.choose(match(2), 100) == brute_best(rates, STEEP, 16) > 0
+    for _ in range(32):
+        pace.observe_verify(1.4 * STEEP(3), STEEP(3))  # verifies 1.4x dearer than the curve
+    assert abs(pace.verify_correction() - 1.4 / 2) < 1e-9  # the window holds the last 32
+    pace.reset()
+    for _ in range(8):
+        pace.observe(plain, plain)
+    for _ in range(8):
+        pace.observe_verify(1.4 * STEEP(3), STEEP(3))
+    assert abs(pace.verify_correction() - 1.4) < 1e-9
+    dearer = ForwardCost([STEEP(1)] + [1.4 * STEEP(n) for n in range(2, 18)])
+    shorter = 0
+    for extended in (1, 2, 3, 5, 9, 20):
+        rates = [policy.acceptance.rate(extended, i) for i in range(16)]
+        k = policy.choose(match(extended), 100)
+        assert k == brute_best(rates, dearer, 16)
+        shorter += k < brute_best(rates, STEEP, 16)
+    assert shorter >= 1

@@ -126,16 +126,17 @@ class Generator:
     def policy_for(self, config: GenerationConfig) -> DraftPolicy:
         key = config.draft
         if key not in self._policies:
-            self._policies[key] = DraftPolicy(key, self.cost or ForwardCost.flat(key.max_draft + 1))
+            self._policies[key] = DraftPolicy(key, self.cost or ForwardCost.flat(key.max_draft + 1),
+                                              self.pace)
         return self._policies[key]
 
     def policy_state(self) -> dict:
         """A copy of what the draft policies have learned so far (for restore_policy_state)."""
-        return copy.deepcopy(self._policies)
+        return copy.deepcopy(self._policies, {id(self.pace): self.pace})  # the pace is shared
 
     def restore_policy_state(self, state: dict) -> None:
         """Forget what was learned since policy_state() returned `state`."""
-        self._policies = copy.deepcopy(state)
+        self._policies = copy.deepcopy(state, {id(self.pace): self.pace})
 
     def review_cost(self) -> bool:
         """At the end of a generation (cheap; no forward): compare the live step times with
@@ -166,6 +167,8 @@ class Generator:
         self.cost = fresh
         for policy in self._policies.values():
             policy.cost = fresh
+        if self.pace is not None:  # its ratios were taken against the old curve
+            self.pace.reset()
         return True
 
 @dataclass

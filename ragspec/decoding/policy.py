@@ -169,9 +169,12 @@ def expected_tokens(rates: list[float] | float, k: int) -> float:
 class DraftPolicy:
     """Chooses each step's draft length; learns from what was accepted."""
 
-    def __init__(self, config: DraftConfig, cost: ForwardCost):
+    def __init__(self, config: DraftConfig, cost: ForwardCost, pace: StepPace | None = None):
+        """pace: the generator's live step times; verifies are priced at the curve times its
+        verify_correction (None: the curve as measured)."""
         self.config = config
         self.cost = cost
+        self.pace = pace
         self.acceptance = AcceptanceModel()
 
     def choose(self, match: Match | None, remaining: int, context: int | None = None) -> int:
@@ -188,6 +191,9 @@ class DraftPolicy:
         cls = evidence_class(match)
         rates = [self.acceptance.rate(match.extended, i, cls) for i in range(_POSITIONS)]
         costs = self.cost.curve(limit + 1, context)
+        correction = self.pace.verify_correction() if self.pace is not None else 1.0
+        if correction != 1.0:
+            costs = [costs[0], *(c * correction for c in costs[1:])]
         best_k, best_rate = 0, 1.0 / costs[0]
         tokens, reach = 1.0, 1.0  # expected_tokens(rates, k), one k at a time
         for k in range(1, limit + 1):
@@ -241,19 +247,42 @@ class StepPace:
     1.18x and 1.42x). The governor therefore counts what a verified draft lost in measured
     time: its step's seconds against (accepted + 1) plain steps at this pace."""
 
-    def __init__(self, window: int = 32, min_samples: int = 3):
+    def __init__(self, window: int = 32, min_samples: int = 3, min_verifies: int = 8,
+                 max_correction: float = 1.5):
         self.min_samples = min_samples
+        self.min_verifies = min_verifies
+        self.max_correction = max_correction
         self._ratios: deque[float] = deque(maxlen=window)
+        self._verifies: deque[float] = deque(maxlen=window)
+
+    def reset(self) -> None:
+        self._ratios.clear()
+        self._verifies.clear()
 
     def observe(self, seconds: float, plain_curve: float) -> None:
         """A plain step took `seconds`; the curve's c(1) at its context is `plain_curve`."""
         self._ratios.append(seconds / plain_curve)
+
+    def observe_verify(self, seconds: float, curve: float) -> None:
+        """A verify took `seconds`; the curve's c(n) for its size and context is `curve`."""
+        self._verifies.append(seconds / curve)
 
     def scale(self) -> float | None:
         """Live plain steps over the curve's (None: too few seen yet)."""
         if len(self._ratios) < self.min_samples:
             return None
         return statistics.median(self._ratios)
+
+    def verify_correction(self) -> float:
+        """How much dearer verifies run, relative to plain steps, than the curve says: the
+        median live/curve ratio of recent verifies over that of recent plain steps, within
+        1/max_correction .. max_correction (1.0 until both were seen often enough). A load
+        burst slows both kinds of step alike and changes no ratio."""
+        plain = self.scale()
+        if plain is None or len(self._verifies) < self.min_verifies:
+            return 1.0
+        correction = statistics.median(self._verifies) / plain
+        return min(max(correction, 1.0 / self.max_correction), self.max_correction)
 
 
 class DraftGovernor:
@@ -325,6 +354,8 @@ class DraftGovernor:
             if seconds is not None and self.pace is not None:
                 self.pace.observe(seconds, plain)
             return
+        if seconds is not None and self.pace is not None:
+            self.pace.observe_verify(seconds, self.cost(drafted + 1, context))
         scale = self.pace.scale() if seconds is not None and self.pace is not None else None
         if scale is None:
             self._add(self._loss(drafted, accepted, context))
