@@ -30,7 +30,10 @@ ForwardCost holds c(n) for n = 1..max tokens, measured once per model and device
 forward dearer as the context grows, by more for more new tokens, so the policy uses the curve
 at the current context (linear between and beyond the two measured ones). It is deliberately
 not re-fitted from live timings: on a shared machine a burst of load bends the curve's shape,
-while only its shape (c(k+1)/c(1)) matters here.
+while only its shape (c(k+1)/c(1)) matters here. One live correction is kept (StepPace): how
+much dearer a real answer's verifies run, relative to its plain steps, than the curve says,
+from the medians of recent steps of both kinds (a burst slows both alike); the policy prices
+verifies with it, and the governor counts what drafts lost in measured time.
 """
 
 from __future__ import annotations
