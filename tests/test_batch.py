@@ -258,3 +258,23 @@ def test_step_times_count_prompts_decodes_and_the_decodes_that_waited_for_a_prom
     finally:
         scheduler.close()
     assert steps["steps"] == scheduler.steps and steps["decode_steps"] > 0
+
+
+def test_every_batched_draft_enters_its_generations_governor(tiny_model, tiny_tokenizer,
+                                                             monkeypatch):
+    from ragspec.decoding.policy import DraftGovernor
+
+    seen = []
+    original = DraftGovernor.record
+
+    def record(self, drafted, accepted, context=None, seconds=None):
+        if drafted > 0:
+            seen.append((drafted, accepted))
+        return original(self, drafted, accepted, context, seconds)
+
+    monkeypatch.setattr(DraftGovernor, "record", record)
+    gen = Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+    config = GenerationConfig(max_new_tokens=40)
+    results, _ = _run_batched(gen, [(p, config) for p in prompts(len(tiny_tokenizer), 6)])
+    drafted_steps = sum(sum(r.stats.accepted_lengths.values()) for r in results)
+    assert drafted_steps > 0 and len(seen) == drafted_steps

@@ -55,6 +55,10 @@ class ShiftedCost:
     def __call__(self, n: int, context: int | None = None) -> float:
         return self.base(self.others + n, context)
 
+    def curve(self, count: int, context: int | None = None) -> list[float]:
+        """[c'(1), ..., c'(count)] (ForwardCost.curve)."""
+        return self.base.curve(self.others + count, context)[self.others:]
+
 
 @dataclass
 class Outcome:
@@ -150,6 +154,8 @@ class BatchSequence:
                 self.first_token_at - self.started)
         else:
             step = stream._accept(logits, a, b)
+            if stream._governor is not None:  # by the curve: a shared step has no time of its own
+                stream._governor.record(len(b), step.accepted, len(stream._index) - 1)
         spans, done = stream._commit(step)
         if not done and stream._stop_requested:
             spans, done = [*spans, *stream._stopped()], True
