@@ -241,8 +241,9 @@ class DraftShadow:
 
 
 class StepPace:
-    """What a plain one-token step costs now, live: recent plain steps' measured seconds over
-    the curve's c(1) at their context (the median of the last `window`), per generator.
+    """Live step times against the curve, per generator: recent plain steps' measured seconds
+    over the curve's c(1) at their context (`scale`: what a plain step costs now), and recent
+    verifies' over the curve's c(n) (`verify_correction`); medians of the last `window` each.
 
     The curve prices a verify against a plain step as the calibration saw them, and that shape
     can be off for a real answer (measured on the bundled model at ~900 cached tokens: verifies
@@ -352,18 +353,19 @@ class DraftGovernor:
         """A step's outcome: a verified draft's (drafted > 0), or a plain step's. With the
         step's measured `seconds` and a `pace`, a plain step sets the pace and a draft's loss
         is counted in measured time (StepPace); otherwise by the curve."""
-        plain = self.cost(1, context)
+        pace = self.pace if seconds is not None else None
         if drafted <= 0:
-            if seconds is not None and self.pace is not None:
-                self.pace.observe(seconds, plain)
+            if pace is not None:
+                pace.observe(seconds, self.cost(1, context))
             return
-        if seconds is not None and self.pace is not None:
-            self.pace.observe_verify(seconds, self.cost(drafted + 1, context))
-        scale = self.pace.scale() if seconds is not None and self.pace is not None else None
+        if pace is not None:
+            pace.observe_verify(seconds, self.cost(drafted + 1, context))
+        scale = pace.scale() if pace is not None else None
         if scale is None:
             self._add(self._loss(drafted, accepted, context))
         else:
-            self._add((seconds - (accepted + 1) * plain * scale) / (plain * scale))
+            plain = self.cost(1, context) * scale  # a plain step now, live
+            self._add((seconds - (accepted + 1) * plain) / plain)
 
     def shadow(self, draft: list[int], context: int | None = None) -> None:
         """While suspended: follow a proposal that was not verified (one at a time)."""
