@@ -74,8 +74,10 @@ class Generator:
         self.cost = cost
         self.recalibrate = recalibrate
         self.watch = CostWatch()
-        # live plain steps against the curve, for the governors (None: they judge by the curve)
-        self.pace: StepPace | None = StepPace()
+        # live steps against the measured curve, for the policies and governors (None: they
+        # judge by the curve; without a measured curve there is nothing to correct, and drafting
+        # stays a function of what the policy learnt, not of step times)
+        self.pace: StepPace | None = StepPace() if cost is not None else None
         self._strikes = 0  # consecutive checks in which live step times disagreed with the curve
         self.recalibration_due = False
         self._policies: dict = {}  # DraftConfig -> DraftPolicy; learning persists across calls
