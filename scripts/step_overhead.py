@@ -10,7 +10,8 @@ ones with logits for all k, in interleaved rounds (median and low quartile kept)
 of those forwards the time in the kernels — the native step's own counters; for the module
 path the time inside its calls of torch.ops.ragspec.qmatmul and .attend, timed around each
 call (so one op dispatch each counts as kernel time, and the timers add ~0.1 ms to its
-forward) — and outside them (median of wall minus kernels).
+forward) — and outside them (median of wall minus kernels); for the native step also its
+products and its attention apart.
 Prints one JSON line; the load average and CPU go beside it.
 """
 
@@ -120,6 +121,7 @@ def main() -> None:
 
     timed = _TimedOps()
     kernel_samples: dict = {}
+    part_samples: dict = {}  # the native step's products and attention apart
 
     def step(cell) -> float:
         path, k = cell
@@ -130,9 +132,10 @@ def main() -> None:
             paths[path](input_ids=inputs[k], cache=cache, use_cache=True).logits[0].argmax(-1)
         seconds = time.perf_counter() - start
         after = native_step.stats(model)
-        kernels = timed.seconds if path == "modules" else (
-            after["product_seconds"] + after["attention_seconds"]
-            - before["product_seconds"] - before["attention_seconds"])
+        if path == "native":
+            parts = {key: after[key] - before[key] for key in ("product_seconds", "attention_seconds")}
+            part_samples.setdefault(cell, []).append(parts)
+        kernels = timed.seconds if path == "modules" else sum(parts.values())
         kernel_samples.setdefault(cell, []).append(kernels)
         crop_cache(cache, base)
         return seconds
@@ -151,6 +154,10 @@ def main() -> None:
         out[f"{path}_c{k}_kernels_ms"] = round(statistics.median(kernels) * 1e3, 3)
         out[f"{path}_c{k}_outside_ms"] = round(
             statistics.median(w - x for w, x in zip(walls, kernels, strict=True)) * 1e3, 3)
+        for key, name in (("product_seconds", "products"), ("attention_seconds", "attention")):
+            if (path, k) in part_samples:
+                kept = part_samples[(path, k)][-len(walls):]
+                out[f"{path}_c{k}_{name}_ms"] = round(statistics.median(p[key] for p in kept) * 1e3, 3)
     for k in sizes:
         out[f"modules_over_native_c{k}"] = round(out[f"modules_c{k}_ms"] / out[f"native_c{k}_ms"], 3)
     out["load_after"] = os.getloadavg()[0]

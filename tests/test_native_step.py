@@ -382,8 +382,8 @@ def test_served_beside_others_a_request_gives_its_solo_answer_on_the_native_step
 def test_attention_over_several_key_chunks_is_the_same_for_prompt_reads_verifies_and_steps(
         tiny_tokenizer, tmp_path, monkeypatch):
     """Over 600 cached positions a prompt read (runs of rows
-    sharing key loads), a verify (each row with the query heads of its key head, on 2 threads)
-    and one-token steps (one task per query head) all give a row the same bits, at head size 64,
+    sharing key loads), a verify (runs of its rows with the query heads of their key head, on 2
+    threads) and one-token steps (one task per query head) all give a row the same bits, at head size 64,
     and the logits stay those of the module forward to float rounding."""
     from transformers import AutoConfig, AutoModelForCausalLM
 

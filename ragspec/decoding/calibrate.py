@@ -60,8 +60,9 @@ MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
 # 7: the fp16 KV cache; 8: tiled weights requested into L2 ahead of the kernel, which made
 # one-row steps over weights in memory cheaper than verifies, relative to before; 9: AMD CPUs
 # request them 8 KiB ahead, and prompt rows attend sharing key reads; 10: greedy picks read as
-# ints by one native argmax, and the draft compared in Python).
-CURVE_VERSION = 10
+# ints by one native argmax, and the draft compared in Python; 11: a verify's rows attend in
+# runs sharing key reads).
+CURVE_VERSION = 11
 
 Clock = Callable[[], float]
 

@@ -367,10 +367,23 @@ class StepModel : public torch::CustomClassHolder {
   // (kb[block[r]], vb[block[r]], capacity caps[block[r]]); all blocks' rows in one parallel region.
   // A block of at least kSharedRows rows (a prompt read) goes in tasks of one key head and a run
   // of kRun rows with the query heads that read it, sharing their key and value loads
-  // (attend_rows_shared); fewer rows (a decode or verify step) in tasks of one row and key head
-  // (its query heads sharing the loads) or of one row and query head (see by_key_head).
-  // Either way each row and head gets attend_row's arithmetic, bit for bit.
+  // (attend_rows_shared). A verify's block (2 to kSharedRows - 1 rows) goes in tasks of one key
+  // head and a run of its rows as long as that makes enough tasks (verify_run): the cache of a
+  // model larger than the last cache then streams from memory once per key head, not once per
+  // row. One-row blocks (a decode step), and verifies of models with too few key heads, go in
+  // tasks of one row and key head (its query heads sharing the loads) or of one row and query
+  // head (see by_key_head). Every way, each row and head gets attend_row's arithmetic, bit for bit.
   static constexpr int64_t kSharedRows = 16, kRun = 4;
+
+  // Rows per task for a verify's block of n rows: the whole block, halved until the key heads
+  // make 4 tasks a thread; 0 (not by runs) for one row, or when runs of 2 still make fewer than
+  // 2 tasks a thread.
+  int64_t verify_run(int64_t n, int64_t threads) const {
+    if (n < 2) return 0;
+    int64_t run = n;
+    while (run > 2 && kv_heads_ * ((n + run - 1) / run) < 4 * threads) run = (run + 1) / 2;
+    return kv_heads_ * ((n + run - 1) / run) >= 2 * threads ? run : 0;
+  }
 
   template <typename KV>
   void attend(const float* q, const std::vector<KV*>& kb, const std::vector<KV*>& vb,
@@ -384,21 +397,23 @@ class StepModel : public torch::CustomClassHolder {
       int64_t key;
     };
     std::vector<Task> tasks;
-    // Rows of steps and verifies (blocks below kSharedRows) go with the query heads of their key
-    // head when that still makes two tasks a thread; else one task per query head (one row of a
+    // Rows that go one per task (steps, and verifies not in runs) go with the query heads of
+    // their key head when that still makes two tasks a thread; else one task per query head (one row of a
     // 3-key-head model would leave a thread idle for a third of the time).
     std::vector<std::pair<int64_t, int64_t>> blocks;  // each block's rows: r..end-1
-    int64_t step_rows = 0;
+    const int64_t threads = at::get_num_threads();
+    int64_t step_rows = 0;  // rows that go one per task
     for (int64_t r = 0, end; r < T; r = end) {
       for (end = r; end < T && block[end] == block[r];) ++end;
       blocks.emplace_back(r, end);
-      if (end - r < kSharedRows) step_rows += end - r;
+      if (end - r < kSharedRows && verify_run(end - r, threads) == 0) step_rows += end - r;
     }
-    const bool by_key_head = group > 1 && step_rows * kv_heads_ >= 2 * int64_t(at::get_num_threads());
+    const bool by_key_head = group > 1 && step_rows * kv_heads_ >= 2 * threads;
     for (const auto& [r, end] : blocks) {
-      if (end - r >= kSharedRows) {
+      const int64_t run = end - r >= kSharedRows ? kRun : verify_run(end - r, threads);
+      if (run > 0) {
         for (int64_t g = 0; g < kv_heads_; ++g)
-          for (int64_t a = r; a < end; a += kRun) tasks.push_back({a, std::min(kRun, end - a), -1, g});
+          for (int64_t a = r; a < end; a += run) tasks.push_back({a, std::min(run, end - a), -1, g});
       } else if (by_key_head) {  // one row with the query heads of one key head
         for (int64_t g = 0; g < kv_heads_; ++g)
           for (int64_t a = r; a < end; ++a) tasks.push_back({a, 1, -1, g});
