@@ -185,12 +185,14 @@ def test_attention_matches_a_float64_softmax_and_rows_do_not_depend_on_each_othe
 @pytest.mark.parametrize("d", [40, 64, 128])
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("start", [0, 37, 300])
-def test_a_prompts_rows_read_keys_together_and_each_gets_its_one_row_bits(ops, d, half, start):
+@pytest.mark.parametrize("hq,hkv", [(6, 2), (2, 2), (4, 1)])
+def test_a_prompts_rows_read_keys_together_and_each_gets_its_one_row_bits(ops, d, half, start, hq, hkv):
     """Many rows from key 0 (a prompt read, after `start` cached keys) share their key and value
-    loads, several rows and query heads at a time; each row still gets, bit for bit, what it
-    gets alone (a one-token step), and the float64 softmax to rounding."""
+    loads, several rows and query heads at a time (a run of 4 rows: 12, 4 or 16 queries, taken
+    in even groups of up to three); each row still gets, bit for bit, what it gets alone (a
+    one-token step), and the float64 softmax to rounding."""
     g = torch.Generator().manual_seed(7)
-    hq, hkv, t = 6, 2, 43  # 3 query heads per key head; 43 rows: runs of 4 and a short one
+    t = 43  # runs of 4 rows and a short one
     length = start + t
     q = torch.randn(hq, t, d, generator=g)
     k_buf = torch.randn(hkv, length + 9, d, generator=g)

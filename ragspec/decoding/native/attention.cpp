@@ -280,9 +280,18 @@ static inline void values32_shared(const float* const* s, const T* v, int64_t vs
 }
 #endif
 
+// Query a0 of the next group of up to three, and the group's size, of Q queries split into
+// groups as even as they go (4 queries as 2 + 2, 7 as 3 + 2 + 2): a group of one sums the
+// values in four chains of multiply-adds, which wait on each other's latency, so 3 + 1 took
+// longer than 2 + 2. Which group a query is in changes none of its operations.
+static inline int group_size(int Q, int a0) {
+  const int groups = (Q + 2) / 3, base = Q / groups, extra = Q % groups;
+  return a0 < extra * (base + 1) ? base + 1 : base;  // the first `extra` groups hold one more
+}
+
 // Queries q[0..Q) against keys 0..hi[a] each (ascending hi): what attend_row gives each of
 // them (lo = 0, no soft-capping), bit for bit, with the key and value loads of the keys they
-// all see shared between them, up to three at a time.
+// all see shared between them, up to three at a time (group_size).
 template <typename T>
 static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int Q, const T* k, const T* v,
                                   int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
@@ -295,8 +304,8 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
     for (int a = 0; a < Q; ++a) s[a] = scratch.data() + a * nmax;
     const __m256 vs = _mm256_set1_ps(scale);
     const int64_t common = (hi[0] + 1) / 8 * 8;  // whole blocks every query scores
-    for (int a0 = 0; a0 < Q; a0 += 3) {
-      const int qn = std::min(3, Q - a0);
+    for (int a0 = 0, qn; a0 < Q; a0 += qn) {
+      qn = group_size(Q, a0);
       for (int64_t j = 0; j < common; j += 8) {
         const T* kj = k + j * kstride;
         if (qn == 3) dot8_shared<T, 3>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
@@ -312,8 +321,8 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
     }
     const int64_t shared = hi[0] + 1;  // keys every query weighs
     for (int64_t c = 0; c < d; c += 32)
-      for (int a0 = 0; a0 < Q; a0 += 3) {
-        const int qn = std::min(3, Q - a0);
+      for (int a0 = 0, qn; a0 < Q; a0 += qn) {
+        qn = group_size(Q, a0);
         __m256 o[3][4];
         if (qn == 3) values32_shared<T, 3>(s.data() + a0, v, vstride, shared, c, o);
         else if (qn == 2) values32_shared<T, 2>(s.data() + a0, v, vstride, shared, c, o);
