@@ -61,7 +61,8 @@ MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
 # one-row steps over weights in memory cheaper than verifies, relative to before; 9: AMD CPUs
 # request them 8 KiB ahead, and prompt rows attend sharing key reads; 10: greedy picks read as
 # ints by one native argmax, and the draft compared in Python; 11: a verify's rows attend in
-# runs sharing key reads, their queries in even groups).
+# runs sharing key reads, their queries in even groups, and Q4_0/Q5_0/Q8_0 sums start at
+# their offset).
 CURVE_VERSION = 11
 
 Clock = Callable[[], float]

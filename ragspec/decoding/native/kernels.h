@@ -43,6 +43,8 @@ struct Activations {
   std::vector<float> d;      // (m, k/32) scale of each group of 32
   std::vector<float> dsum;   // (m, k/32) d · Σq of each group (for weight offsets)
   std::vector<int32_t> qsum16;  // (m, k/16) Σq of each half group (integer weight offsets)
+  std::vector<int32_t> start32;  // (m, k/32) −group_offset(fmt) · Σq of each group, for the
+                                 // formats with one (where a tiled group's integer dot starts)
 };
 
 // Prepares x (m, k), row-major, for weights of format fmt (a tiled code is accepted). `x` must outlive `out` (plain

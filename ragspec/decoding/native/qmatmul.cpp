@@ -116,11 +116,16 @@ static void size_rows(int64_t m, int64_t k, Activations& r) {
   r.d.resize(m * (k / 32));
   r.dsum.resize(m * (k / 32));
   r.qsum16.resize(m * (k / 16));
+  r.start32.resize(group_offset(r.fmt) ? m * (k / 32) : 0);
 }
 
 static void quantise_one(const float* x, int64_t i, int64_t k, Activations& r) {
-  quantise_row(x + i * k, k, r.q.data() + i * k, r.d.data() + i * (k / 32), r.dsum.data() + i * (k / 32),
-               r.qsum16.data() + i * (k / 16));
+  const int64_t G = k / 32;
+  quantise_row(x + i * k, k, r.q.data() + i * k, r.d.data() + i * G, r.dsum.data() + i * G,
+               r.qsum16.data() + i * 2 * G);
+  if (const int32_t c = group_offset(r.fmt))
+    for (int64_t g = 0; g < G; ++g)
+      r.start32[i * G + g] = -c * (r.qsum16[i * 2 * G + 2 * g] + r.qsum16[i * 2 * G + 2 * g + 1]);
 }
 
 void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& r) {

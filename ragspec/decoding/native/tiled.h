@@ -181,11 +181,16 @@ static inline __attribute__((always_inline)) void rows_block(const __m512i* w, _
     return;
   }
   constexpr int P = RB < 4 ? 2 : 1;
+  // A format with one offset per group starts each row's sum at −offset · Σx (integer sums are
+  // exact, so where the correction enters changes nothing): a broadcast load instead of a
+  // broadcast from a scalar register and a subtraction.
+  constexpr int32_t OFF = group_offset(FMT);
   __m512i dot[RB][P];
 #pragma GCC unroll 8
   for (int r = 0; r < RB; ++r)
 #pragma GCC unroll 2
-    for (int p = 0; p < P; ++p) dot[r][p] = _mm512_setzero_si512();
+    for (int p = 0; p < P; ++p)
+      dot[r][p] = OFF && p == 0 ? _mm512_set1_epi32(x.start32[(r0 + r) * G + g]) : _mm512_setzero_si512();
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i)
 #pragma GCC unroll 8
@@ -193,12 +198,8 @@ static inline __attribute__((always_inline)) void rows_block(const __m512i* w, _
 #pragma GCC unroll 8
   for (int r = 0; r < RB; ++r) {
     const int64_t row = r0 + r;
-    const int32_t* qs = x.qsum16.data() + row * 2 * G + 2 * g;
     const __m512 xd = _mm512_set1_ps(x.d[row * G + g]);
-    __m512i d = P == 2 ? _mm512_add_epi32(dot[r][0], dot[r][P - 1]) : dot[r][0];
-    if (FMT == Q4_0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(8 * (qs[0] + qs[1])));
-    if (FMT == Q5_0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(16 * (qs[0] + qs[1])));
-    if (FMT == Q8_0) d = _mm512_sub_epi32(d, _mm512_set1_epi32(128 * (qs[0] + qs[1])));
+    const __m512i d = P == 2 ? _mm512_add_epi32(dot[r][0], dot[r][P - 1]) : dot[r][0];
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s0, xd), acc[r]);
     if (OFFSET) acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(x.dsum[row * G + g]), acc[r]);
   }
