@@ -398,8 +398,8 @@ class StepModel : public torch::CustomClassHolder {
     };
     std::vector<Task> tasks;
     // Rows that go one per task (steps, and verifies not in runs) go with the query heads of
-    // their key head when that still makes two tasks a thread; else one task per query head (one row of a
-    // 3-key-head model would leave a thread idle for a third of the time).
+    // their key head when that still makes two tasks a thread; else one task per query head
+    // (one row of a 3-key-head model would leave a thread idle for a third of the time).
     std::vector<std::pair<int64_t, int64_t>> blocks;  // each block's rows: r..end-1
     const int64_t threads = at::get_num_threads();
     int64_t step_rows = 0;  // rows that go one per task
