@@ -280,10 +280,10 @@ static inline void values32_shared(const float* const* s, const T* v, int64_t vs
 }
 #endif
 
-// Query a0 of the next group of up to three, and the group's size, of Q queries split into
-// groups as even as they go (4 queries as 2 + 2, 7 as 3 + 2 + 2): a group of one sums the
-// values in four chains of multiply-adds, which wait on each other's latency, so 3 + 1 took
-// longer than 2 + 2. Which group a query is in changes none of its operations.
+// The size of the group that starts at query a0 when Q queries go in groups of up to three, as
+// even as they go (4 queries as 2 + 2, 7 as 3 + 2 + 2): a group of one sums the values in four
+// chains of multiply-adds that wait on their own latency, so 3 + 1 took longer than 2 + 2.
+// Which group a query is in changes none of its operations.
 static inline int group_size(int Q, int a0) {
   const int groups = (Q + 2) / 3, base = Q / groups, extra = Q % groups;
   return a0 < extra * (base + 1) ? base + 1 : base;  // the first `extra` groups hold one more

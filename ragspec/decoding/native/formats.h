@@ -51,6 +51,7 @@ inline bool is_quantised(int fmt) { return fmt >= Q4_0 && fmt <= Q5_1; }
 // number does for the whole group (Q4_0: 8, Q5_0: 16, Q8_0 stored plus 128), else 0: a dot
 // product with int8 activations is then the unsigned one minus this times the activations' sum.
 constexpr int32_t group_offset(int fmt) { return fmt == Q4_0 ? 8 : fmt == Q5_0 ? 16 : fmt == Q8_0 ? 128 : 0; }
+
 // Q8_0's values are signed; every other quantised format's q is unsigned (0..63).
 inline bool signed_q(int fmt) { return fmt == Q8_0; }
 
