@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -400,17 +401,18 @@ class StepModel : public torch::CustomClassHolder {
     // Rows that go one per task (steps, and verifies not in runs) go with the query heads of
     // their key head when that still makes two tasks a thread; else one task per query head
     // (one row of a 3-key-head model would leave a thread idle for a third of the time).
-    std::vector<std::pair<int64_t, int64_t>> blocks;  // each block's rows: r..end-1
+    // each block's rows r..end-1, and its rows per task in runs (0: one row per task)
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> blocks;
     const int64_t threads = at::get_num_threads();
     int64_t step_rows = 0;  // rows that go one per task
     for (int64_t r = 0, end; r < T; r = end) {
       for (end = r; end < T && block[end] == block[r];) ++end;
-      blocks.emplace_back(r, end);
-      if (end - r < kSharedRows && verify_run(end - r, threads) == 0) step_rows += end - r;
+      const int64_t run = end - r >= kSharedRows ? kRun : verify_run(end - r, threads);
+      blocks.emplace_back(r, end, run);
+      if (run == 0) step_rows += end - r;
     }
     const bool by_key_head = group > 1 && step_rows * kv_heads_ >= 2 * threads;
-    for (const auto& [r, end] : blocks) {
-      const int64_t run = end - r >= kSharedRows ? kRun : verify_run(end - r, threads);
+    for (const auto& [r, end, run] : blocks) {
       if (run > 0) {
         for (int64_t g = 0; g < kv_heads_; ++g)
           for (int64_t a = r; a < end; a += run) tasks.push_back({a, std::min(run, end - a), -1, g});
