@@ -40,6 +40,12 @@ def sidebar_text(page) -> str:
     return page.locator(SIDEBAR).inner_text()
 
 
+def sidebar_drawn(page) -> None:
+    """Wait until the sidebar's last part (the settings, after chats and documents) is drawn:
+    Streamlit sends a page's elements one by one, so an earlier one shows up first."""
+    page.locator(SIDEBAR).get_by_text("Side by side (speculation off vs on)").wait_for()
+
+
 def remove_buttons(page):
     """The documents' remove buttons (Streamlit marks each widget with its key as a class)."""
     return page.locator(f'{SIDEBAR} .stElementContainer[class*="st-key-remove-"]')
@@ -78,6 +84,8 @@ def test_browser_roles_sessions_and_sign_out(chromium, tmp_path):  # noqa: F811
         owner.get_by_placeholder(ASK).wait_for()
         owner.locator(f'{SIDEBAR} input[type="file"]').set_input_files(doc)
         owner.get_by_text("larkspur.md: added").wait_for()
+        # the message is drawn before the document list below it: wait for the list's button
+        remove_buttons(owner).first.wait_for()
         assert remove_buttons(owner).count() == 1
         assert "max's question" not in sidebar_text(owner)  # members' chats are theirs
 
@@ -86,6 +94,7 @@ def test_browser_roles_sessions_and_sign_out(chromium, tmp_path):  # noqa: F811
         member = sign_in(member_context, url, "mia")
         member.get_by_placeholder(ASK).wait_for()
         member.get_by_text("mia's question about ports").wait_for()
+        sidebar_drawn(member)
         side = sidebar_text(member)
         assert "larkspur.md" in side and "max's question" not in side
         assert member.locator(f'{SIDEBAR} input[type="file"]').count() == 0
