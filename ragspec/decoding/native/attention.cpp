@@ -16,6 +16,7 @@
 
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -76,6 +77,14 @@ static inline __m256 exp_neg8(__m256 x) {
 static inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 ld8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Requests the cache lines of n elements at p into the cache `hint` names (a request never
+// faults, so one past the end of the cache is harmless).
+template <typename T, _mm_hint HINT>
+static inline void request_lines(const T* p, int64_t n) {
+  const char* b = reinterpret_cast<const char*>(p);
+  for (int64_t o = 0; o < n * int64_t(sizeof(T)); o += 64) _mm_prefetch(b + o, HINT);
 }
 
 static inline float hsum8(__m256 v) {
@@ -244,20 +253,28 @@ static inline void dot8_shared(const float* const* q, const T* k, int64_t stride
   }
 }
 
-// Values: dimensions c..c+31 of QN (1-3) queries over keys 0..n-1, each value's 32 dimensions
-// loaded once for all of them (row_values' sums per lane, in its order of keys). The sums live in
-// named registers: as an array indexed by query the compiler kept them in memory, and every
-// key's multiply-add waited on a store and a reload (twice as slow).
+// Keys whose values a shared task weighs before moving on (64 keys: 8 KiB of fp16 values).
+static constexpr int64_t kValueChunk = 64;
+// How far ahead of the block being scored its keys are requested.
+static constexpr int64_t kKeysAhead = 32;
+
+// Values: dimensions c..c+31 of QN (1-3) queries over keys j0..j1-1, added to the running sums in
+// o, each value's 32 dimensions loaded once for all of them (row_values' sums per lane, in its
+// order of keys: keys in chunks, the sums carried from one chunk to the next, are the same
+// operations). The sums live in named registers: as an array indexed by query the compiler kept
+// them in memory, and every key's multiply-add waited on a store and a reload (twice as slow).
 template <typename T, int QN>
-static inline void values32_shared(const float* const* s, const T* v, int64_t vstride, int64_t n, int64_t c,
-                                   __m256 (*o)[4]) {
+static inline void values32_shared(const float* const* s, const T* v, int64_t vstride, int64_t j0, int64_t j1,
+                                   int64_t c, __m256 (*o)[4]) {
   static_assert(QN >= 1 && QN <= 3, "one to three queries");
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0, c0 = a0,
+  __m256 a0 = o[0][0], a1 = o[0][1], a2 = o[0][2], a3 = o[0][3], b0 = a0, b1 = a0, b2 = a0, b3 = a0, c0 = a0,
          c1 = a0, c2 = a0, c3 = a0;
+  if constexpr (QN > 1) b0 = o[1][0], b1 = o[1][1], b2 = o[1][2], b3 = o[1][3];
+  if constexpr (QN > 2) c0 = o[2][0], c1 = o[2][1], c2 = o[2][2], c3 = o[2][3];
   const float* s0 = s[0];
   const float* s1 = s[QN > 1 ? 1 : 0];
   const float* s2 = s[QN > 2 ? 2 : 0];
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = j0; j < j1; ++j) {
     const T* vj = v + j * vstride + c;
     const __m256 v0 = ld8(vj), v1 = ld8(vj + 8), v2 = ld8(vj + 16), v3 = ld8(vj + 24);
     __m256 p = _mm256_broadcast_ss(s0 + j);
@@ -295,7 +312,7 @@ static inline int group_size(int Q, int a0) {
 template <typename T>
 static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int Q, const T* k, const T* v,
                                   int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
-                                  std::vector<float>& scratch) {
+                                  std::vector<float>& scratch, bool stream) {
 #ifdef RS_AVX2
   if (d % 64 == 0) {
     const int64_t nmax = hi[Q - 1] + 1;
@@ -304,10 +321,18 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
     for (int a = 0; a < Q; ++a) s[a] = scratch.data() + a * nmax;
     const __m256 vs = _mm256_set1_ps(scale);
     const int64_t common = (hi[0] + 1) / 8 * 8;  // whole blocks every query scores
-    for (int a0 = 0, qn; a0 < Q; a0 += qn) {
-      qn = group_size(Q, a0);
-      for (int64_t j = 0; j < common; j += 8) {
-        const T* kj = k + j * kstride;
+    // Each block of eight keys for every group in turn: the block comes from memory once and
+    // from the first cache for the other groups. Streaming, the keys kKeysAhead on are requested
+    // meanwhile into the first cache and the block's values into the second, where the weighted sums below
+    // find them: their loads waited on memory otherwise, a fifth of this function's time.
+    for (int64_t j = 0; j < common; j += 8) {
+      const T* kj = k + j * kstride;
+      for (int i = 0; i < 8 && stream; ++i) {
+        request_lines<T, _MM_HINT_T0>(k + (j + kKeysAhead + i) * kstride, d);
+        request_lines<T, _MM_HINT_T1>(v + (j + i) * vstride, d);
+      }
+      for (int a0 = 0, qn; a0 < Q; a0 += qn) {
+        qn = group_size(Q, a0);
         if (qn == 3) dot8_shared<T, 3>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
         else if (qn == 2) dot8_shared<T, 2>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
         else dot8_shared<T, 1>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
@@ -319,24 +344,37 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
       row_scores(q[a], k, kstride, 0, n, d, scale, common, s[a]);
       inv[a] = row_softmax(s[a], n, 0.0f);
     }
-    const int64_t shared = hi[0] + 1;  // keys every query weighs
-    for (int64_t c = 0; c < d; c += 32)
-      for (int a0 = 0, qn; a0 < Q; a0 += qn) {
-        qn = group_size(Q, a0);
-        __m256 o[3][4];
-        if (qn == 3) values32_shared<T, 3>(s.data() + a0, v, vstride, shared, c, o);
-        else if (qn == 2) values32_shared<T, 2>(s.data() + a0, v, vstride, shared, c, o);
-        else values32_shared<T, 1>(s.data() + a0, v, vstride, shared, c, o);
-        for (int b = 0; b < qn; ++b) {
-          const int a = a0 + b;
-          for (int64_t j = shared; j <= hi[a]; ++j) {  // the keys only this query sees, in order
-            const __m256 p = _mm256_set1_ps(s[a][j]);
-            const T* vj = v + j * vstride + c;
-            for (int i = 0; i < 4; ++i) o[b][i] = _mm256_fmadd_ps(p, ld8(vj + 8 * i), o[b][i]);
-          }
-          const __m256 vi = _mm256_set1_ps(inv[a]);
-          for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out[a] + c + 8 * i, _mm256_mul_ps(o[b][i], vi));
+    // The values of the keys every query weighs. Streaming, a chunk of keys at a time for every
+    // group and 32 dimensions (the chunk's values come from the second cache once), each query's
+    // sums kept between chunks in `sums` (d floats a query); else all keys in one chunk.
+    const int64_t shared = hi[0] + 1, chunk = stream ? kValueChunk : shared;
+    std::vector<float> sums(size_t(Q) * d, 0.0f);
+    for (int64_t j0 = 0; j0 < shared; j0 += chunk) {
+      const int64_t j1 = std::min(shared, j0 + chunk);
+      for (int64_t c = 0; c < d; c += 32)
+        for (int a0 = 0, qn; a0 < Q; a0 += qn) {
+          qn = group_size(Q, a0);
+          __m256 o[3][4];
+          for (int b = 0; b < qn; ++b)
+            for (int i = 0; i < 4; ++i) o[b][i] = _mm256_loadu_ps(&sums[(a0 + b) * d + c + 8 * i]);
+          if (qn == 3) values32_shared<T, 3>(s.data() + a0, v, vstride, j0, j1, c, o);
+          else if (qn == 2) values32_shared<T, 2>(s.data() + a0, v, vstride, j0, j1, c, o);
+          else values32_shared<T, 1>(s.data() + a0, v, vstride, j0, j1, c, o);
+          for (int b = 0; b < qn; ++b)
+            for (int i = 0; i < 4; ++i) _mm256_storeu_ps(&sums[(a0 + b) * d + c + 8 * i], o[b][i]);
         }
+    }
+    for (int a = 0; a < Q; ++a)
+      for (int64_t c = 0; c < d; c += 32) {
+        __m256 o[4];
+        for (int i = 0; i < 4; ++i) o[i] = _mm256_loadu_ps(&sums[a * d + c + 8 * i]);
+        for (int64_t j = shared; j <= hi[a]; ++j) {  // the keys only this query sees, in order
+          const __m256 p = _mm256_set1_ps(s[a][j]);
+          const T* vj = v + j * vstride + c;
+          for (int i = 0; i < 4; ++i) o[i] = _mm256_fmadd_ps(p, ld8(vj + 8 * i), o[i]);
+        }
+        const __m256 vi = _mm256_set1_ps(inv[a]);
+        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out[a] + c + 8 * i, _mm256_mul_ps(o[i], vi));
       }
     return;
   }
@@ -347,14 +385,14 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
 
 void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const float* k, const float* v,
                         int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
-                        std::vector<float>& scratch) {
-  attend_rows_shared_of(q, hi, n, k, v, kstride, vstride, d, scale, out, scratch);
+                        std::vector<float>& scratch, bool stream) {
+  attend_rows_shared_of(q, hi, n, k, v, kstride, vstride, d, scale, out, scratch, stream);
 }
 
 void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const uint16_t* k, const uint16_t* v,
                         int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
-                        std::vector<float>& scratch) {
-  attend_rows_shared_of(q, hi, n, k, v, kstride, vstride, d, scale, out, scratch);
+                        std::vector<float>& scratch, bool stream) {
+  attend_rows_shared_of(q, hi, n, k, v, kstride, vstride, d, scale, out, scratch, stream);
 }
 
 void attend_row(const float* q, const float* k, const float* v, int64_t kstride, int64_t vstride,
@@ -426,7 +464,7 @@ at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor&
             w.his.push_back(hip[row]);
           }
         attend_rows_shared(w.qs.data(), w.his.data(), int(w.qs.size()), kp + g * k.stride(0), vp + g * v.stride(0),
-                           k.stride(1), v.stride(1), d, float(scale), w.outs.data(), w.s);
+                           k.stride(1), v.stride(1), d, float(scale), w.outs.data(), w.s, false);
       });
       return;
     }

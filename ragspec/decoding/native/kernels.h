@@ -74,13 +74,16 @@ void attend_row(const float* q, const uint16_t* k, const uint16_t* v, int64_t ks
 // Queries q[0..n) (d values each) against keys 0..hi[a] each, hi ascending: for every query
 // exactly what attend_row gives it with lo = 0 and no soft-capping, bit for bit, computed with
 // the loads of the keys and values they all see shared between them (a prompt's rows, and the
-// query heads that read one key head). out[a] gets query a's d values.
+// query heads that read one key head). out[a] gets query a's d values. `stream`: the keys and
+// values are likely in memory, not in a cache (a verify's few rows read them once), so they are
+// requested ahead of their use; a prompt read's many tasks over the same key head find them
+// cached, and the requests would only cost.
 void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const float* k, const float* v,
                         int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
-                        std::vector<float>& scratch);
+                        std::vector<float>& scratch, bool stream);
 void attend_rows_shared(const float* const* q, const int64_t* hi, int n, const uint16_t* k, const uint16_t* v,
                         int64_t kstride, int64_t vstride, int64_t d, float scale, float* const* out,
-                        std::vector<float>& scratch);
+                        std::vector<float>& scratch, bool stream);
 
 // One thread's reusable buffers for gathering attend_rows_shared's queries, outputs and key
 // ranges, and its scratch.

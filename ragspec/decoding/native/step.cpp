@@ -396,6 +396,7 @@ class StepModel : public torch::CustomClassHolder {
       int64_t r0, rows, head;  // rows r0..r0+rows-1 of one block; head: a query head, or -1 for
                                // every query head of key head `key`
       int64_t key;
+      bool stream;  // a verify's run: its cache streams from memory (attend_rows_shared)
     };
     std::vector<Task> tasks;
     // Rows that go one per task (steps, and verifies not in runs) go with the query heads of
@@ -415,13 +416,14 @@ class StepModel : public torch::CustomClassHolder {
     for (const auto& [r, end, run] : blocks) {
       if (run > 0) {
         for (int64_t g = 0; g < kv_heads_; ++g)
-          for (int64_t a = r; a < end; a += run) tasks.push_back({a, std::min(run, end - a), -1, g});
+          for (int64_t a = r; a < end; a += run)
+            tasks.push_back({a, std::min(run, end - a), -1, g, end - r < kSharedRows});
       } else if (by_key_head) {  // one row with the query heads of one key head
         for (int64_t g = 0; g < kv_heads_; ++g)
-          for (int64_t a = r; a < end; ++a) tasks.push_back({a, 1, -1, g});
+          for (int64_t a = r; a < end; ++a) tasks.push_back({a, 1, -1, g, false});
       } else {
         for (int64_t hh = 0; hh < heads_; ++hh)
-          for (int64_t a = r; a < end; ++a) tasks.push_back({a, 1, hh, hh / group});
+          for (int64_t a = r; a < end; ++a) tasks.push_back({a, 1, hh, hh / group, false});
       }
     }
     std::vector<int64_t> cost(tasks.size());
@@ -445,7 +447,7 @@ class StepModel : public torch::CustomClassHolder {
           w.his.push_back(pos[r]);
         }
       attend_rows_shared(w.qs.data(), w.his.data(), int(w.qs.size()), kg, vg, head_dim_, head_dim_, head_dim_,
-                         scale_, w.outs.data(), w.s);
+                         scale_, w.outs.data(), w.s, t.stream);
     });
     attend_ns_ += since(t0);
   }
