@@ -45,6 +45,7 @@ struct Activations {
   std::vector<int32_t> qsum16;  // (m, k/16) Σq of each half group (integer weight offsets)
   std::vector<int32_t> start32;  // (m, k/32) −group_offset(fmt) · Σq of each group, for the
                                  // formats with one (where a tiled group's integer dot starts)
+  std::vector<int32_t> start16;  // (m, k/16) −32 · Σq of each half group, for Q6_K (the same)
 };
 
 // Prepares x (m, k), row-major, for weights of format fmt (a tiled code is accepted). `x` must outlive `out` (plain

@@ -117,6 +117,7 @@ static void size_rows(int64_t m, int64_t k, Activations& r) {
   r.dsum.resize(m * (k / 32));
   r.qsum16.resize(m * (k / 16));
   r.start32.resize(group_offset(r.fmt) ? m * (k / 32) : 0);
+  r.start16.resize(r.fmt == Q6_K ? m * (k / 16) : 0);
 }
 
 static void quantise_one(const float* x, int64_t i, int64_t k, Activations& r) {
@@ -126,6 +127,8 @@ static void quantise_one(const float* x, int64_t i, int64_t k, Activations& r) {
   if (const int32_t c = group_offset(r.fmt))
     for (int64_t g = 0; g < G; ++g)
       r.start32[i * G + g] = -c * (r.qsum16[i * 2 * G + 2 * g] + r.qsum16[i * 2 * G + 2 * g + 1]);
+  if (r.fmt == Q6_K)
+    for (int64_t h = 0; h < 2 * G; ++h) r.start16[i * 2 * G + h] = -32 * r.qsum16[i * 2 * G + h];
 }
 
 void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& r) {

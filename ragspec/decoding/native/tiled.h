@@ -157,10 +157,14 @@ static inline __attribute__((always_inline)) void rows_block(const __m512i* w, _
   const int8_t* xq[RB];
 #pragma GCC unroll 8
   for (int r = 0; r < RB; ++r) xq[r] = x.q.data() + (r0 + r) * k + 32 * g;
-  if (FMT == Q6_K) {  // a scale per 16 values: two sums
+  if (FMT == Q6_K) {  // a scale per 16 values: two sums, each starting at −32 · Σx of its half
     __m512i d0[RB], d1[RB];
 #pragma GCC unroll 8
-    for (int r = 0; r < RB; ++r) d0[r] = d1[r] = _mm512_setzero_si512();
+    for (int r = 0; r < RB; ++r) {
+      const int32_t* st = x.start16.data() + (r0 + r) * 2 * G + 2 * g;
+      d0[r] = _mm512_set1_epi32(st[0]);
+      d1[r] = _mm512_set1_epi32(st[1]);
+    }
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i)
 #pragma GCC unroll 8
@@ -170,13 +174,9 @@ static inline __attribute__((always_inline)) void rows_block(const __m512i* w, _
       }
 #pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) {
-      const int64_t row = r0 + r;
-      const int32_t* qs = x.qsum16.data() + row * 2 * G + 2 * g;
-      const __m512 xd = _mm512_set1_ps(x.d[row * G + g]);
-      const __m512i e0 = _mm512_sub_epi32(d0[r], _mm512_set1_epi32(32 * qs[0]));
-      const __m512i e1 = _mm512_sub_epi32(d1[r], _mm512_set1_epi32(32 * qs[1]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e0), _mm512_mul_ps(s0, xd), acc[r]);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e1), _mm512_mul_ps(s1, xd), acc[r]);
+      const __m512 xd = _mm512_set1_ps(x.d[(r0 + r) * G + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0[r]), _mm512_mul_ps(s0, xd), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1[r]), _mm512_mul_ps(s1, xd), acc[r]);
     }
     return;
   }
