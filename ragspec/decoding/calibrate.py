@@ -62,7 +62,8 @@ MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
 # request them 8 KiB ahead, and prompt rows attend sharing key reads; 10: greedy picks read as
 # ints by one native argmax, and the draft compared in Python; 11: a verify's rows attend in
 # runs sharing key reads, their queries in even groups, and Q4_0/Q5_0/Q8_0 sums start at
-# their offset; 12: a verify's runs request their keys and values ahead while scoring).
+# their offset; 12: a verify's runs request their keys and values ahead while scoring, and
+# Q6_K's sums start at their offset).
 CURVE_VERSION = 12
 
 Clock = Callable[[], float]
