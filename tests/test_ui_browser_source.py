@@ -88,11 +88,23 @@ def documents(folder: Path) -> dict[str, Path]:
     return paths
 
 
+def shown_box(locator) -> dict:
+    """The element's box once it is on screen: during one of Streamlit's reruns an element can be
+    drawn again, and for that moment it has no box."""
+    for _ in range(40):
+        locator.wait_for(state="visible")
+        box = locator.bounding_box()
+        if box is not None:
+            return box
+        locator.page.wait_for_timeout(250)
+    raise AssertionError(f"{locator} never stayed on screen long enough to be measured")
+
+
 def save_screenshot(page, name: str, fallback: Path) -> None:
     """The answer and its source view (the page without the sidebar), as a small palette PNG
     beside RAGSPEC_SCREENSHOT when that is set (for the README), else at `fallback`."""
-    side = page.locator(SIDEBAR).bounding_box()
-    shown = page.locator("div.rs-page").bounding_box()
+    side = shown_box(page.locator(SIDEBAR))
+    shown = shown_box(page.locator("div.rs-page"))
     left = side["x"] + side["width"]
     clip = {"x": left, "y": 0, "width": page.viewport_size["width"] - left,
             "height": shown["y"] + shown["height"] + 70}
@@ -219,7 +231,7 @@ def check_every_source(page, url: str, docs: dict[str, Path], pdfium) -> None:
         assert name in head and f" of {expect_pages}" in head
         found = boxes_of(page, "rs-copied")
         assert found, "no box for the copied characters"
-        assert page.locator("div.rs-page div.rs-box.rs-copied").first.bounding_box()["width"] > 0
+        assert shown_box(page.locator("div.rs-page div.rs-box.rs-copied").first)["width"] > 0
         textpage = pdfium.PdfDocument(docs[key].read_bytes())[number - 1].get_textpage()
         assert _letters(_PdfiumLayer(textpage).under(found)) == _letters("".join(copied))
         assert boxes_of(page, "rs-shade")  # the rest of the passage, shaded
