@@ -316,15 +316,16 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
 #ifdef RS_AVX2
   if (d % 64 == 0) {
     const int64_t nmax = hi[Q - 1] + 1;
-    scratch.resize(size_t(Q) * nmax);
+    scratch.resize(size_t(Q) * (nmax + d));  // the scores, then the value sums (below)
     std::vector<float*> s(Q);
     for (int a = 0; a < Q; ++a) s[a] = scratch.data() + a * nmax;
     const __m256 vs = _mm256_set1_ps(scale);
     const int64_t common = (hi[0] + 1) / 8 * 8;  // whole blocks every query scores
     // Each block of eight keys for every group in turn: the block comes from memory once and
     // from the first cache for the other groups. Streaming, the keys kKeysAhead on are requested
-    // meanwhile into the first cache and the block's values into the second, where the weighted sums below
-    // find them: their loads waited on memory otherwise, a fifth of this function's time.
+    // meanwhile into the first cache and the block's values into the second, where the weighted
+    // sums below find them: their loads waited on memory otherwise, a fifth of this function's
+    // time.
     for (int64_t j = 0; j < common; j += 8) {
       const T* kj = k + j * kstride;
       for (int i = 0; i < 8 && stream; ++i) {
@@ -348,7 +349,8 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
     // group and 32 dimensions (the chunk's values come from the second cache once), each query's
     // sums kept between chunks in `sums` (d floats a query); else all keys in one chunk.
     const int64_t shared = hi[0] + 1, chunk = stream ? kValueChunk : shared;
-    std::vector<float> sums(size_t(Q) * d, 0.0f);
+    float* sums = scratch.data() + size_t(Q) * nmax;
+    std::fill_n(sums, size_t(Q) * d, 0.0f);
     for (int64_t j0 = 0; j0 < shared; j0 += chunk) {
       const int64_t j1 = std::min(shared, j0 + chunk);
       for (int64_t c = 0; c < d; c += 32)
