@@ -16,7 +16,7 @@ from conftest import MODEL_CACHE
 from test_native_kernels import as_layout, random_packed, reference_rows
 
 from ragspec.decoding import native
-from ragspec.decoding.packed import TILEABLE
+from ragspec.decoding.packed import FORMATS, TILEABLE
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_amx_product_is_the_float64_product_and_the_vnni_kernels_bits(ops, fmt):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(12))
     data, code = as_layout(fmt, raw, k, "tiled")
     y = ops.qmatmul(x, data, code, k)
-    q, d, _ = ops.quantize_activations(x)
+    q, d, _ = ops.quantize_activations(x, FORMATS[fmt][0])
     xs = (q.double().reshape(m, -1, 32) * d.double()[..., None]).reshape(m, k)
     want = xs @ w.T
     assert ((y.double() - want).abs() <= 1e-5 * want.abs().max() + 1e-6).all()
@@ -78,7 +78,7 @@ def test_a_long_forward_of_a_tiled_linear_takes_the_amx_kernel(ops):
     from ragspec.decoding.packed import PackedLinear, PackedWeight, tile
 
     n, k = 70, 512
-    w = tile(PackedWeight(torch.from_numpy(random_packed("Q4_K", n, k, seed=15)), "Q4_K", k))
+    w = tile(PackedWeight(torch.from_numpy(random_packed("Q6_K", n, k, seed=15)), "Q6_K", k))
     layer = PackedLinear(w)
     x = torch.randn(1, 150, k, generator=torch.Generator().manual_seed(16))
     long = layer(x)  # a prompt's 150 rows: no longer de-quantised for a bf16/fp32 matmul

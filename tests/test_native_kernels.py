@@ -102,8 +102,11 @@ def test_the_product_is_the_float64_product_of_what_the_kernel_multiplies(ops, f
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
     data, code = as_layout(fmt, raw, k, layout)
     y = ops.qmatmul(x, data, code, k)
-    if fmt in QUANTISED:  # the kernel multiplies int8 activations, one scale per 32 values
-        q, d, dsum = ops.quantize_activations(x)
+    if fmt in QUANTISED:  # int8 activations, one scale per 32 values (per 256 for Q4_K, Q5_K)
+        q, d, dsum = ops.quantize_activations(x, FORMATS[fmt][0])
+        span = 256 if fmt in ("Q4_K", "Q5_K") else 32
+        assert torch.equal(d, d[:, ::span // 32].repeat_interleave(span // 32, 1))
+        assert torch.equal(d[:, ::span // 32], x.abs().reshape(m, -1, span).amax(-1) / 127)
         xs = (q.double().reshape(m, -1, 32) * d.double()[..., None]).reshape(m, k)
         assert torch.allclose(dsum.double(), (q.double().reshape(m, -1, 32).sum(-1) * d.double()))
         assert (q.abs() <= 127).all() and ((xs - x.double()).abs() <= d.double().repeat_interleave(32, 1) / 2 + 1e-6).all()

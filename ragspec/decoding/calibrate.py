@@ -63,8 +63,9 @@ MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
 # ints by one native argmax, and the draft compared in Python; 11: a verify's rows attend in
 # runs sharing key reads, their queries in even groups, and Q4_0/Q5_0/Q8_0 sums start at
 # their offset; 12: a verify's runs request their keys and values ahead while scoring, and
-# Q6_K's sums start at their offset).
-CURVE_VERSION = 12
+# Q6_K's sums start at their offset; 13: Q4_K and Q5_K activations take one scale per block of
+# 256, and those products' float work comes once per block).
+CURVE_VERSION = 13
 
 Clock = Callable[[], float]
 

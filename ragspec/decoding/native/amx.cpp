@@ -97,7 +97,7 @@ bool machine_allows() {
 
 bool ready() { return switched_on() && machine_allows(); }
 
-bool wanted(int64_t m, int fmt) { return m >= kMinRows && tileable(fmt) && ready(); }
+bool wanted(int64_t m, int fmt) { return m >= kMinRows && tileable(fmt) && scale_span(fmt) == 32 && ready(); }
 
 #ifdef RS_AMX
 
@@ -147,12 +147,11 @@ template <int FMT>
 void decode_tile(const uint8_t* t, int64_t row_bytes, int8_t* wb, float* scale, float* offset) {
   using namespace tiled;
   constexpr int BB = block_bytes(FMT), PB = block_elems(FMT) / 32;
-  constexpr bool KQ = FMT == Q4_K || FMT == Q5_K, Q5 = FMT == Q5_0 || FMT == Q5_1;
+  constexpr bool Q5 = FMT == Q5_0 || FMT == Q5_1;
   const int64_t blocks = row_bytes / BB;
-  __m512 sc[16], mn[8];
+  __m512 sc[16];
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* tb = t + b * kTileRows * BB;
-    if (KQ) k_scales(tb, sc, mn);
     if (FMT == Q6_K) q6_scales(tb, sc);
     for (int j = 0; j < PB; ++j) {
       const int64_t g = b * PB + j;
@@ -184,18 +183,6 @@ void decode_tile(const uint8_t* t, int64_t row_bytes, int8_t* wb, float* scale, 
       } else if (FMT == Q8_0) {
         for (int i = 0; i < 8; ++i) w[i] = _mm512_xor_si512(ld(tb + kTileRows * 2 + 64 * i), _mm512_set1_epi8(char(0x80)));
         _mm512_storeu_ps(scale + 16 * g, halves16(tb));
-      } else if (KQ) {
-        const uint8_t* q = tb + kTileRows * ((FMT == Q4_K ? 16 : 48) + 32 * (j / 2));
-        for (int i = 0; i < 8; ++i) w[i] = (j & 1) ? hi4(ld(q + 64 * i)) : lo4(ld(q + 64 * i));
-        if (FMT == Q5_K) {
-          const uint8_t* qh = tb + kTileRows * 16;
-          for (int i = 0; i < 8; ++i) {
-            const __m512i bit = _mm512_and_si512(_mm512_srli_epi16(ld(qh + 64 * i), j), _mm512_set1_epi8(1));
-            w[i] = _mm512_or_si512(w[i], _mm512_slli_epi16(bit, 4));
-          }
-        }
-        _mm512_storeu_ps(scale + 16 * g, sc[j]);
-        _mm512_storeu_ps(offset + 16 * g, mn[j]);
       } else {  // Q6_K: two sums of 16 a group, values q - 32
         const int n = j / 4, t4 = j % 4;
         const uint8_t* ql = tb + kTileRows * (64 * n + 32 * (t4 & 1));
@@ -218,7 +205,7 @@ template <int FMT>
 inline void take(__m512* acc, const int32_t* c, int64_t u, const float* scale, const float* offset,
                  const float* xd, const float* xs, int64_t G) {
   constexpr int U = 32 / sum_len<FMT>();
-  constexpr bool OFFSET = FMT == Q4_1 || FMT == Q5_1 || FMT == Q4_K || FMT == Q5_K;
+  constexpr bool OFFSET = FMT == Q4_1 || FMT == Q5_1;
   const int64_t g = u / U;
   const __m512 s = _mm512_loadu_ps(scale + 16 * u);
   __m512 o = _mm512_setzero_ps();
@@ -342,8 +329,6 @@ void tiled_columns(const Activations& x, const WeightView& w, int64_t n0, int64_
     case Q5_0: columns<Q5_0>(x, w, n0, n1, y, ldy); break;
     case Q5_1: columns<Q5_1>(x, w, n0, n1, y, ldy); break;
     case Q8_0: columns<Q8_0>(x, w, n0, n1, y, ldy); break;
-    case Q4_K: columns<Q4_K>(x, w, n0, n1, y, ldy); break;
-    case Q5_K: columns<Q5_K>(x, w, n0, n1, y, ldy); break;
     default: columns<Q6_K>(x, w, n0, n1, y, ldy); break;
   }
 }

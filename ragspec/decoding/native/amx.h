@@ -4,7 +4,8 @@
 // Contract: `amx::wanted(m, fmt)` is true when this CPU has AMX-TILE and AMX-INT8, Linux granted
 // the process the tile state, the kernels were built with AMX (`-march=native` on such a CPU),
 // the unit is switched on (`RAGSPEC_AMX=1`, or the `set_amx` op; off by default), the format is one the
-// kernel reads, and there are at least `kMinRows` rows. Then `amx::tiled_columns` computes what
+// kernel reads (every tileable one but Q4_K and Q5_K, whose activations have one scale per block
+// of 256 and stay on the VNNI kernel), and there are at least `kMinRows` rows. Then `amx::tiled_columns` computes what
 // the AVX-512 VNNI tiled kernel (tiled.h) computes, bit for bit: for each output, the same exact
 // integer dot product per group (per half group for Q6_K), then the same fp32 multiply and
 // fused multiply-adds in the same order of k. Only the integer sums move to the tile unit, and

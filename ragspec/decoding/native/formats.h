@@ -47,6 +47,11 @@ constexpr int block_bytes(int fmt) {
 
 inline bool is_quantised(int fmt) { return fmt >= Q4_0 && fmt <= Q5_1; }
 
+// How many consecutive activation values share one scale when they meet weights of `fmt`: 256
+// (a whole block, as llama.cpp's Q8_K) for Q4_K and Q5_K, whose eight sub-block scales and mins
+// then apply to integer sums under one scale (tiled.h), 32 for the rest.
+constexpr int scale_span(int fmt) { return fmt == Q4_K || fmt == Q5_K ? 256 : 32; }
+
 // What a tiled weight's group of 32 unsigned quants stands above its signed values, when one
 // number does for the whole group (Q4_0: 8, Q5_0: 16, Q8_0 stored plus 128), else 0: a dot
 // product with int8 activations is then the unsigned one minus this times the activations' sum.

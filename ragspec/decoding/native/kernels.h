@@ -40,12 +40,15 @@ struct Activations {
   int64_t m = 0, k = 0;
   const float* x = nullptr;  // the fp32 rows (m, k), used directly by plain formats
   std::vector<int8_t> q;     // quantised formats: (m, k) int8
-  std::vector<float> d;      // (m, k/32) scale of each group of 32
+  std::vector<float> d;      // (m, k/32) scale of each group of 32 (one per block of 256, repeated,
+                             // for the K formats: scale_span)
   std::vector<float> dsum;   // (m, k/32) d · Σq of each group (for weight offsets)
   std::vector<int32_t> qsum16;  // (m, k/16) Σq of each half group (integer weight offsets)
   std::vector<int32_t> start32;  // (m, k/32) −group_offset(fmt) · Σq of each group, for the
                                  // formats with one (where a tiled group's integer dot starts)
   std::vector<int32_t> start16;  // (m, k/16) −32 · Σq of each half group, for Q6_K (the same)
+  std::vector<int32_t> qpair;    // (m, k/64) Σq of groups 2p and 2p + 1 as two int16 (low, high),
+                                 // for Q4_K / Q5_K (their blocks' offsets as integer sums)
 };
 
 // Prepares x (m, k), row-major, for weights of format fmt (a tiled code is accepted). `x` must outlive `out` (plain

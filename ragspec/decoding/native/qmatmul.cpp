@@ -2,7 +2,8 @@
 //
 // y (M, N) = x (M, K) · Wᵀ, W given as N packed rows (formats.h). Quantised weights multiply
 // 8-bit activations, as llama.cpp's CPU kernels do: each row of x is cut into groups of 32
-// values, each group stored as int8 with one fp32 scale (round(x / d), d = max|x| / 127), and the
+// values, each group stored as int8 with one fp32 scale (round(x / d), d = max|x| / 127; for Q4_K
+// and Q5_K weights one d per 256 values, as llama.cpp's Q8_K: formats.h's scale_span), and the
 // group's dot products with the weights are exact integer sums, scaled afterwards. Plain formats
 // (F32/F16/BF16) multiply fp32 activations with fp32 FMAs.
 //
@@ -60,54 +61,57 @@ static inline int32_t hsum_epi32(__m256i v) {
 }
 #endif
 
-// One row as int8 groups. Every step is exact or one IEEE operation per value (max, a division,
-// a product rounded to the nearest integer, ties to even, integer sums), so the vector path
-// gives the bytes of the scalar one.
-static void quantise_row(const float* x, int64_t k, int8_t* q, float* d, float* dsum, int32_t* qsum16) {
-  for (int64_t g = 0; g < k / 32; ++g) {
-    const float* xs = x + 32 * g;
+// One row as int8 groups of 32, each span of `span` values (32, or 256 for the K formats: see
+// scale_span) under one scale. Every step is exact or one IEEE operation per value (max, a
+// division, a product rounded to the nearest integer, ties to even, integer sums), so the vector
+// path gives the bytes of the scalar one.
+static void quantise_row(const float* x, int64_t k, int span, int8_t* q, float* d, float* dsum,
+                         int32_t* qsum16) {
+  const int64_t per = span / 32;
+  for (int64_t g0 = 0; g0 < k / 32; g0 += per) {
 #ifdef RS_AVX2
-    __m256 v[4];
     __m256 m = _mm256_setzero_ps();
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(xs + 8 * j);
-      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
-    }
+    for (int64_t j = 0; j < 4 * per; ++j)
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 32 * g0 + 8 * j)));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
     const float vscale = _mm_cvtss_f32(m4) / 127.0f;
     const __m256 vinv = _mm256_set1_ps(vscale > 0.0f ? 1.0f / vscale : 0.0f);
-    __m256i iv[4];
-    for (int j = 0; j < 4; ++j) {
-      const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vinv));  // nearest, ties to even
-      iv[j] = _mm256_min_epi32(_mm256_max_epi32(r, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+    for (int64_t g = g0; g < g0 + per; ++g) {
+      __m256i iv[4];
+      for (int j = 0; j < 4; ++j) {  // nearest, ties to even
+        const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * j), vinv));
+        iv[j] = _mm256_min_epi32(_mm256_max_epi32(r, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+      }
+      const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * g),
+                          _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      const int32_t h0 = hsum_epi32(_mm256_add_epi32(iv[0], iv[1])), h1 = hsum_epi32(_mm256_add_epi32(iv[2], iv[3]));
+      d[g] = vscale;
+      dsum[g] = vscale * float(h0 + h1);
+      qsum16[2 * g] = h0;
+      qsum16[2 * g + 1] = h1;
     }
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * g),
-                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    const int32_t h0 = hsum_epi32(_mm256_add_epi32(iv[0], iv[1])), h1 = hsum_epi32(_mm256_add_epi32(iv[2], iv[3]));
-    d[g] = vscale;
-    dsum[g] = vscale * float(h0 + h1);
-    qsum16[2 * g] = h0;
-    qsum16[2 * g + 1] = h1;
     continue;
 #endif
     float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xs[i]));
+    for (int64_t i = 32 * g0; i < 32 * (g0 + per); ++i) amax = std::max(amax, std::fabs(x[i]));
     const float scale = amax / 127.0f;
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    int half[2] = {0, 0};
-    for (int i = 0; i < 32; ++i) {
-      const int v = int(std::nearbyint(xs[i] * inv));
-      q[32 * g + i] = int8_t(std::max(-127, std::min(127, v)));
-      half[i / 16] += q[32 * g + i];
+    for (int64_t g = g0; g < g0 + per; ++g) {
+      int half[2] = {0, 0};
+      for (int i = 0; i < 32; ++i) {
+        const int v = int(std::nearbyint(x[32 * g + i] * inv));
+        q[32 * g + i] = int8_t(std::max(-127, std::min(127, v)));
+        half[i / 16] += q[32 * g + i];
+      }
+      d[g] = scale;
+      dsum[g] = scale * float(half[0] + half[1]);
+      qsum16[2 * g] = half[0];
+      qsum16[2 * g + 1] = half[1];
     }
-    d[g] = scale;
-    dsum[g] = scale * float(half[0] + half[1]);
-    qsum16[2 * g] = half[0];
-    qsum16[2 * g + 1] = half[1];
   }
 }
 
@@ -118,12 +122,18 @@ static void size_rows(int64_t m, int64_t k, Activations& r) {
   r.qsum16.resize(m * (k / 16));
   r.start32.resize(group_offset(r.fmt) ? m * (k / 32) : 0);
   r.start16.resize(r.fmt == Q6_K ? m * (k / 16) : 0);
+  r.qpair.resize(r.fmt == Q4_K || r.fmt == Q5_K ? m * (k / 64) : 0);
 }
 
 static void quantise_one(const float* x, int64_t i, int64_t k, Activations& r) {
   const int64_t G = k / 32;
-  quantise_row(x + i * k, k, r.q.data() + i * k, r.d.data() + i * G, r.dsum.data() + i * G,
-               r.qsum16.data() + i * 2 * G);
+  const int32_t* qs = r.qsum16.data() + i * 2 * G;
+  quantise_row(x + i * k, k, scale_span(r.fmt), r.q.data() + i * k, r.d.data() + i * G,
+               r.dsum.data() + i * G, r.qsum16.data() + i * 2 * G);
+  if (!r.qpair.empty())  // |Σq| <= 32 * 127 fits 16 bits
+    for (int64_t p = 0; p < G / 2; ++p)
+      r.qpair[i * (G / 2) + p] = int32_t(uint32_t(uint16_t(int16_t(qs[4 * p] + qs[4 * p + 1]))) |
+                                         (uint32_t(uint16_t(int16_t(qs[4 * p + 2] + qs[4 * p + 3]))) << 16));
   if (const int32_t c = group_offset(r.fmt))
     for (int64_t g = 0; g < G; ++g)
       r.start32[i * G + g] = -c * (r.qsum16[i * 2 * G + 2 * g] + r.qsum16[i * 2 * G + 2 * g + 1]);
@@ -780,14 +790,17 @@ at::Tensor dequantize_rows(const at::Tensor& w, int64_t code, int64_t k, const a
   return out;
 }
 
-// The int8 form of activations the quantised kernel multiplies (for tests): (q, d, d·Σq).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x_in) {
+// The int8 form of activations the quantised kernels multiply with weights of format `fmt`
+// (for tests): (q, d, d·Σq), d and d·Σq per group of 32 (a K block's d repeated: scale_span).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x_in, int64_t fmt) {
   const int64_t k = x_in.size(-1);
-  TORCH_CHECK(k % 32 == 0, "features must be a multiple of 32");
+  TORCH_CHECK(is_quantised(int(fmt) & ~kTiledBit), "format ", fmt, " takes fp32 activations");
+  TORCH_CHECK(k % scale_span(int(fmt) & ~kTiledBit) == 0, "features must be a multiple of ",
+              scale_span(int(fmt) & ~kTiledBit));
   const at::Tensor x = x_in.reshape({-1, k}).to(at::kFloat).contiguous();
   const int64_t m = x.size(0);
   Activations r;
-  quantise_rows(x.data_ptr<float>(), m, k, Q8_0, r);
+  quantise_rows(x.data_ptr<float>(), m, k, int(fmt), r);
   at::Tensor q = at::empty({m, k}, at::TensorOptions().dtype(at::kChar));
   at::Tensor d = at::empty({m, k / 32}, x.options()), s = at::empty({m, k / 32}, x.options());
   std::memcpy(q.data_ptr<int8_t>(), r.q.data(), r.q.size());
@@ -818,7 +831,7 @@ bool has_avx2() {
 TORCH_LIBRARY_FRAGMENT(ragspec, m) {
   m.def("qmatmul(Tensor x, Tensor w, int fmt, int k) -> Tensor", &rs::qmatmul);
   m.def("dequantize_rows(Tensor w, int fmt, int k, Tensor ids) -> Tensor", &rs::dequantize_rows);
-  m.def("quantize_activations(Tensor x) -> (Tensor, Tensor, Tensor)", &rs::quantize_activations);
+  m.def("quantize_activations(Tensor x, int fmt) -> (Tensor, Tensor, Tensor)", &rs::quantize_activations);
   m.def("has_avx2() -> bool", &rs::has_avx2);
   m.def("has_tiled_kernel() -> bool", &rs::has_tiled_kernel);
 }

@@ -15,10 +15,18 @@
 // Each weight group is decoded once per tile and used for every activation row (up to 16 at a
 // time), so a verify of k tokens reads and decodes the weights once.
 //
+// Q4_K and Q5_K meet activations with one scale per block of 256 (scale_span, as llama.cpp's
+// Q8_K), so a block's float work is per block, not per group: its sum starts at −dmin times the
+// exact integer Σ_j m_j Σx_j (vpdpwssd, two groups an instruction), takes one FMA per group
+// (the integer dot times d·sc_j), and is multiplied into the row's accumulator with the row's
+// one scale for the block. A row and group then take two float operations (convert, FMA) where
+// they took four (convert, the scales' multiply, the FMA, the offset's FMA).
+//
 // Batch invariance: the value of y[m][c] is one accumulator, lane c%16 of row m's register,
-// seeing for each group in order of k: an exact integer dot product (the same whatever was
-// computed beside it), its integer correction, one multiply and one or two FMAs. Nothing depends
-// on how many rows are in a chunk, nor on how columns are split between threads.
+// seeing for each group (or each block, for Q4_K and Q5_K) in order of k: exact integer dot
+// products (the same whatever was computed beside them), their integer corrections, and a fixed
+// sequence of multiplies and FMAs. Nothing depends on how many rows are in a chunk, nor on how
+// columns are split between threads.
 #pragma once
 
 #include <algorithm>
@@ -91,6 +99,13 @@ static inline __m512i dot4(__m512i acc, __m512i w, const int8_t* p) {
   return acc;
 }
 
+// acc + the products of w's 16 lanes' two int16 with the two int16 at p (the same for every
+// lane), broadcast from memory as dot4's bytes are.
+static inline __m512i dot2w(__m512i acc, __m512i w, const int32_t* p) {
+  asm("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+  return acc;
+}
+
 static inline __m512i ld(const uint8_t* p) { return _mm512_loadu_si512(p); }
 static inline __m512 halves16(const uint8_t* p) {  // 16 fp16 values
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -112,22 +127,26 @@ static inline __m512i fifth_bits(__m512i qh, int i) {
   return _mm512_and_si512(_mm512_slli_epi32(spread, 4), _mm512_set1_epi32(0x10101010));
 }
 
-// The scales (d·sc) and offsets (−dmin·m) of the eight groups of a Q4_K / Q5_K block, 16 columns each.
-static inline void k_scales(const uint8_t* tb, __m512* sc, __m512* mn) {
-  const __m512 d = halves16(tb), dmin = halves16(tb + 32);
+// The scales (d·sc) of the eight groups of a Q4_K / Q5_K block, 16 columns each, their 6-bit
+// mins in pairs (mp[i]: group 2i's in the low 16 bits of each lane, 2i + 1's in the high) and
+// −dmin.
+static inline void k_scales(const uint8_t* tb, __m512* sc, __m512i* mp, __m512* ndmin) {
+  const __m512 d = halves16(tb);
+  *ndmin = _mm512_sub_ps(_mm512_setzero_ps(), halves16(tb + 32));
   const __m512i w0 = ld(tb + 64), w1 = ld(tb + 128), w2 = ld(tb + 192);
   const __m512i six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(15), two = _mm512_set1_epi32(0x30);
+  __m512i mins[8];
   for (int j = 0; j < 4; ++j) {
-    const __m512i s = _mm512_and_si512(byte_of(w0, j), six), m = _mm512_and_si512(byte_of(w1, j), six);
+    const __m512i s = _mm512_and_si512(byte_of(w0, j), six);
     const __m512i s2 = _mm512_or_si512(_mm512_and_si512(byte_of(w2, j), four),
                                        _mm512_and_si512(_mm512_srli_epi32(byte_of(w0, j), 2), two));
-    const __m512i m2 = _mm512_or_si512(_mm512_srli_epi32(byte_of(w2, j), 4),
-                                       _mm512_and_si512(_mm512_srli_epi32(byte_of(w1, j), 2), two));
+    mins[j] = _mm512_and_si512(byte_of(w1, j), six);
+    mins[j + 4] = _mm512_or_si512(_mm512_srli_epi32(byte_of(w2, j), 4),
+                                  _mm512_and_si512(_mm512_srli_epi32(byte_of(w1, j), 2), two));
     sc[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
-    mn[j] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m)));
     sc[j + 4] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s2));
-    mn[j + 4] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m2)));
   }
+  for (int i = 0; i < 4; ++i) mp[i] = _mm512_or_si512(mins[2 * i], _mm512_slli_epi32(mins[2 * i + 1], 16));
 }
 
 // The sixteen int8 scales (times d) of a Q6_K block, 16 columns each.
@@ -152,7 +171,10 @@ template <int FMT, int RB>
 static inline __attribute__((always_inline)) void rows_block(const __m512i* w, __m512 s0, __m512 s1, __m512 off,
                                                              const Activations& x, int64_t r0, int64_t g,
                                                              __m512* acc) {
-  constexpr bool OFFSET = FMT == Q4_1 || FMT == Q5_1 || FMT == Q4_K || FMT == Q5_K;
+  constexpr bool OFFSET = FMT == Q4_1 || FMT == Q5_1;
+  // one activation scale per block (scale_span): acc holds the block's sums before it, and the
+  // block's offsets are already in it (tile)
+  constexpr bool SPAN = scale_span(FMT) > 32;
   const int64_t k = x.k, G = k / 32;
   const int8_t* xq[RB];
 #pragma GCC unroll 8
@@ -198,8 +220,12 @@ static inline __attribute__((always_inline)) void rows_block(const __m512i* w, _
 #pragma GCC unroll 8
   for (int r = 0; r < RB; ++r) {
     const int64_t row = r0 + r;
-    const __m512 xd = _mm512_set1_ps(x.d[row * G + g]);
     const __m512i d = P == 2 ? _mm512_add_epi32(dot[r][0], dot[r][P - 1]) : dot[r][0];
+    if (SPAN) {
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s0, acc[r]);
+      continue;
+    }
+    const __m512 xd = _mm512_set1_ps(x.d[row * G + g]);
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s0, xd), acc[r]);
     if (OFFSET) acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(x.dsum[row * G + g]), acc[r]);
   }
@@ -236,17 +262,32 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
   constexpr bool KQ = FMT == Q4_K || FMT == Q5_K, Q5 = FMT == Q5_0 || FMT == Q5_1;
   constexpr int64_t kAhead = ahead_bytes<FMT>(R);
   const int64_t blocks = row_bytes / BB;
+  constexpr bool SPAN = scale_span(FMT) > 32;
+  const int64_t G = x.k / 32;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  __m512 sc[16], mn[8];
+  __m512 sc[16], ndmin;
+  __m512i mp[4];
+  __m512 accb[SPAN ? R : 1];  // one block's sums, before the rows' scales (scale_span)
+  __m512* into = SPAN ? accb : acc;
   // A run of tiles is one contiguous stretch of bytes, read once from memory: a cursor keeps
   // every cache line up to `kAhead` bytes past the group being decoded requested, across the end
   // of the tile into the next (a block's fields are not read in address order, which the
   // hardware prefetchers follow poorly on their own; a request past the weight is harmless).
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* tb = t + b * kTileRows * BB;
-    if (KQ) k_scales(tb, sc, mn);
+    if (KQ) k_scales(tb, sc, mp, &ndmin);
     if (FMT == Q6_K) q6_scales(tb, sc);
+    if constexpr (SPAN) {
+      // the block's offsets start its sums: −dmin · Σ_j m_j Σq_j, an exact integer sum (two
+      // groups an instruction) until the one multiply
+      for (int r = 0; r < R; ++r) {
+        const int32_t* qp = x.qpair.data() + (r0 + r) * (G / 2) + 4 * b;
+        __m512i mq = _mm512_setzero_si512();
+        for (int i = 0; i < 4; ++i) mq = dot2w(mq, mp[i], qp + i);
+        accb[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(mq), ndmin);
+      }
+    }
     for (int j = 0; j < PB; ++j) {
       const int64_t g = b * PB + j;
       const uint8_t* want = tb + (j + 1) * (kTileRows * BB / PB) + kAhead;
@@ -293,7 +334,6 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
           }
         }
         s0 = sc[j];
-        off = mn[j];
       } else {  // Q6_K
         const int n = j / 4, t4 = j % 4;
         const uint8_t* ql = tb + kTileRows * (64 * n + 32 * (t4 & 1));
@@ -307,9 +347,12 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
         s1 = sc[2 * j + 1];
       }
       constexpr int FULL = R / 8 * 8;  // rows in blocks of 8, then the rest as one block
-      for (int rb = 0; rb < FULL; rb += 8) rows_block<FMT, 8>(w, s0, s1, off, x, r0 + rb, g, acc + rb);
-      if (FULL < R) rows_block<FMT, R - FULL>(w, s0, s1, off, x, r0 + FULL, g, acc + FULL);
+      for (int rb = 0; rb < FULL; rb += 8) rows_block<FMT, 8>(w, s0, s1, off, x, r0 + rb, g, into + rb);
+      if (FULL < R) rows_block<FMT, R - FULL>(w, s0, s1, off, x, r0 + FULL, g, into + FULL);
     }
+    if constexpr (SPAN)  // the block's sums times each row's one activation scale for it
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_fmadd_ps(accb[r], _mm512_set1_ps(x.d[(r0 + r) * G + b * PB]), acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, cols, acc[r]);
 }
