@@ -127,9 +127,9 @@ static void size_rows(int64_t m, int64_t k, Activations& r) {
 
 static void quantise_one(const float* x, int64_t i, int64_t k, Activations& r) {
   const int64_t G = k / 32;
-  const int32_t* qs = r.qsum16.data() + i * 2 * G;
+  int32_t* qs = r.qsum16.data() + i * 2 * G;
   quantise_row(x + i * k, k, scale_span(r.fmt), r.q.data() + i * k, r.d.data() + i * G,
-               r.dsum.data() + i * G, r.qsum16.data() + i * 2 * G);
+               r.dsum.data() + i * G, qs);
   if (!r.qpair.empty())  // |Σq| <= 32 * 127 fits 16 bits
     for (int64_t p = 0; p < G / 2; ++p)
       r.qpair[i * (G / 2) + p] = int32_t(uint32_t(uint16_t(int16_t(qs[4 * p] + qs[4 * p + 1]))) |

@@ -263,6 +263,7 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
   constexpr int64_t kAhead = ahead_bytes<FMT>(R);
   const int64_t blocks = row_bytes / BB;
   constexpr bool SPAN = scale_span(FMT) > 32;
+  static_assert(!SPAN || KQ, "block sums start from k_scales' mins: only Q4_K and Q5_K");
   const int64_t G = x.k / 32;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
