@@ -1,7 +1,7 @@
 """How much one native call over several sequences saves against one call per sequence.
 
 Usage: PYTHONPATH=. .venv/bin/python scripts/batch_step_bench.py --docs /work/realdocs/dev
-       [--sequences 8] [--context 700] [--rows 1] [--rounds 10]
+       [--sequences 8] [--context 700] [--rows 1] [--rounds 10] [--prompt-rows 128]
 
 Loads the bundled model (packed, native step), reads `--context` tokens of a different
 document into each of `--sequences` caches, then times, in interleaved rounds at that context
@@ -9,6 +9,12 @@ document into each of `--sequences` caches, then times, in interleaved rounds at
 own native call (one call per sequence), and every sequence's step in one native call
 (native_step.forward_many); the prompts' read (prefill) is timed too. Checks that the one call gives each sequence's logits bit for bit
 and prints one JSON line: median seconds per step of each, and tokens/s.
+
+--prompt-rows P also times a shared step as the server runs one (ragspec.decoding.batch): a
+piece of P rows of one more document's prompt (its rows after `--context`) alone, and that
+piece in the same native call as every sequence's step; with the seconds each spent in
+products and attention (native_step.stats), and `shared_saves`, the share of the two calls'
+time that one call saves.
 """
 
 from __future__ import annotations
@@ -35,13 +41,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-rows", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(None, paths.models_dir(), device="cpu")
     model, tok = loaded.model, loaded.tokenizer
     if not native_step.installed(model):
         raise SystemExit("the native step is not installed on the bundled model")
-    files = sorted(p for p in args.docs.rglob("*") if p.is_file())[: args.sequences]
+    files = sorted(p for p in args.docs.rglob("*") if p.is_file())
+    extra = files[args.sequences] if args.prompt_rows and len(files) > args.sequences else None
+    if args.prompt_rows and extra is None:
+        raise SystemExit("--prompt-rows needs one more document than --sequences")
+    files = files[: args.sequences]
     caches, nexts, prefill = [], [], []
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
@@ -53,10 +64,19 @@ def main() -> None:
             prefill.append(time.perf_counter() - start)
             caches.append(cache)
             nexts.append(torch.randint(3, model.config.vocab_size, (args.rows,), generator=g).tolist())
-        base = [c.get_seq_length() for c in caches]
+        piece: list[int] = []
+        prompt = new_cache(model)
+        if extra is not None:  # one more prompt, read up to `context`; its next rows are the piece
+            ids = tok(extra.read_text(errors="replace"))["input_ids"][: args.context + args.prompt_rows]
+            if len(ids) <= args.context:
+                raise SystemExit(f"{extra} has no rows after --context {args.context}")
+            model(input_ids=torch.tensor([ids[: args.context]]), cache=prompt, use_cache=True,
+                  logits_to_keep=1)
+            piece = ids[args.context:]
+        base = [c.get_seq_length() for c in (*caches, prompt)]
 
         def undo():
-            for c, n in zip(caches, base, strict=True):
+            for c, n in zip((*caches, prompt), base, strict=True):
                 crop_cache(c, n)
 
         def one():
@@ -69,19 +89,45 @@ def main() -> None:
         def together():
             return native_step.forward_many(model, [(t, c, len(t)) for t, c in zip(nexts, caches, strict=True)])
 
+        def prompt_piece():
+            native_step.forward_many(model, [(piece, prompt, 0)])
+
+        def shared():
+            return native_step.forward_many(
+                model, [(piece, prompt, 0), *((t, c, len(t)) for t, c in zip(nexts, caches, strict=True))])
+
         a = each()
         undo()
         b = together()
         undo()
         identical = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-        times = {"one": [], "each": [], "together": []}
+        variants = [("one", one), ("each", each), ("together", together)]
+        if piece:
+            c = shared()[1:]
+            undo()
+            identical = identical and all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
+            variants += [("prompt", prompt_piece), ("shared", shared)]
+        times = {name: [] for name, _ in variants}
+        split = {name: [] for name, _ in variants}  # (product, attention) seconds
         for _ in range(args.rounds):
-            for name, fn in (("one", one), ("each", each), ("together", together)):
+            for name, fn in variants:
+                native_step.reset_stats(model)
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
+                st = native_step.stats(model)
+                split[name].append((st["product_seconds"], st["attention_seconds"]))
                 undo()
     med = {k: statistics.median(v) for k, v in times.items()}
+    shared_out = {}
+    if piece:
+        shared_out = {"prompt_rows": len(piece), "seconds_prompt": round(med["prompt"], 4),
+                      "seconds_shared": round(med["shared"], 4),
+                      "shared_saves": round(1 - med["shared"] / (med["prompt"] + med["together"]), 3)}
+        for name in ("prompt", "together", "shared"):
+            for i, part in enumerate(("products", "attention")):
+                shared_out[f"seconds_{part}_{name}"] = round(
+                    statistics.median(x[i] for x in split[name]), 4)
     n, r = len(files), args.rows
     print(json.dumps({
         "sequences": n, "rows": r, "context": args.context, "identical": identical,
@@ -93,6 +139,7 @@ def main() -> None:
         "tokens_per_s_together": round(n * r / med["together"], 1),
         "together_over_one": round(n * med["one"] / med["together"], 2),
         "each_over_one": round(n * med["one"] / med["each"], 2),
+        **shared_out,
     }))
 
 

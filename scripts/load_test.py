@@ -3,7 +3,8 @@
 Usage:
   PYTHONPATH=. .venv/bin/python scripts/load_test.py --corpus /work/corpora/dev \\
       --questions data/realdocs/dev/questions.jsonl [--clients 1,2,4,8,16] [--limit 16] \\
-      [--max-tokens 128] [--faults] [--malformed 1000] [--anchor 4] [--out results.json]
+      [--max-tokens 128] [--prefill-chunk N] [--faults] [--malformed 1000] [--anchor 4]
+      [--out results.json]
 
 What it does (everything on 127.0.0.1, every loop bounded in count and time, --max-seconds
 for the whole run):
@@ -15,7 +16,9 @@ for the whole run):
      with usage (client i starts i x --stagger seconds after the first: by default arrivals
      spread over one solo answer, as clients in a steady state; --stagger 0 is a burst); aggregate tokens/s (all completion tokens over the level's wall time),
      per-request tokens/s (completion tokens over its end-to-end latency), p50/p95 time to
-     first token and latency, and whether every answer was complete (a finish_reason and
+     first token and latency, p50/p95 of each answer's longest pause between two streamed
+     pieces (how long a reader watched a running answer stand still), and whether every
+     answer was complete (a finish_reason and
      [DONE]) and identical to its solo run;
   4. --anchor K: the first K questions through `ragspec ask --json` (the same pipeline in its
      own process) against the solo API runs: identical text, and tokens/s of each;
@@ -103,6 +106,8 @@ class Server:
                 "--max-tokens", str(self.args.max_tokens)]
         if self.args.model:
             argv += ["--model", self.args.model]
+        if self.args.prefill_chunk:
+            argv += ["--prefill-chunk", str(self.args.prefill_chunk)]
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         wait_healthy(self.url, self.process, timeout, f"see {self.log}")
@@ -128,7 +133,8 @@ class Server:
 
 def ask_streamed(client: openai.OpenAI, question: str, max_tokens: int) -> dict:
     start = time.perf_counter()
-    first = None
+    first = last = None
+    pause = 0.0  # the longest wait between two pieces of text, once the first came
     parts, finish, usage, done = [], None, None, False
     stream = client.chat.completions.create(
         model="ragspec", stream=True, max_tokens=max_tokens, stream_options={"include_usage": True},
@@ -137,7 +143,10 @@ def ask_streamed(client: openai.OpenAI, question: str, max_tokens: int) -> dict:
         if chunk.choices:
             text = chunk.choices[0].delta.content
             if text:
-                first = first or time.perf_counter()
+                now = time.perf_counter()
+                first = first or now
+                pause = max(pause, now - last) if last is not None else pause
+                last = now
                 parts.append(text)
             finish = chunk.choices[0].finish_reason or finish
         if chunk.usage:
@@ -148,7 +157,7 @@ def ask_streamed(client: openai.OpenAI, question: str, max_tokens: int) -> dict:
     latency = end - start
     return {"question": question, "text": "".join(parts), "finish_reason": finish,
             "complete": bool(finish) and done, "completion_tokens": tokens,
-            "ttft_s": (first or end) - start, "latency_s": latency,
+            "ttft_s": (first or end) - start, "latency_s": latency, "longest_pause_s": pause,
             "tokens_per_s": tokens / latency if latency > 0 else 0.0}
 
 
@@ -203,6 +212,9 @@ def summarize(results: list[dict], wall: float, solo: dict[str, str] | None) -> 
         "ttft_p95_s": percentile([r["ttft_s"] for r in ok], 0.95),
         "latency_p50_s": percentile([r["latency_s"] for r in ok], 0.5),
         "latency_p95_s": percentile([r["latency_s"] for r in ok], 0.95),
+        # each answer's longest wait between two streamed pieces, over the answers
+        "longest_pause_p50_s": percentile([r["longest_pause_s"] for r in ok], 0.5),
+        "longest_pause_p95_s": percentile([r["longest_pause_s"] for r in ok], 0.95),
         "wall_s": wall, "completion_tokens": tokens,
         "all_complete": all(r.get("complete") for r in results),
     }
@@ -270,13 +282,15 @@ def step_times(server: Server) -> dict | None:
 
 def step_delta(before: dict | None, after: dict | None) -> dict | None:
     """Where one level's steps spent their time: the difference of two step_times, with the
-    share of the scheduler's busy time spent reading prompts and the mean sequences per decode
+    shares of the scheduler's busy time spent reading prompts alone and in shared steps (prompt
+    pieces beside decoding rows, ragspec.decoding.batch), and the mean sequences per decode
     step."""
     if before is None or after is None:
         return None
     d = {k: round(after[k] - before[k], 4) for k in after}
-    busy = d["prefill_seconds"] + d["decode_seconds"]
+    busy = d["prefill_seconds"] + d["decode_seconds"] + d.get("shared_seconds", 0.0)
     d["prefill_share"] = round(d["prefill_seconds"] / busy, 3) if busy else None
+    d["shared_share"] = round(d.get("shared_seconds", 0.0) / busy, 3) if busy else None
     d["sequences_per_decode_step"] = (round(d["decode_sequences"] / d["decode_steps"], 2)
                                       if d["decode_steps"] else None)
     return d
@@ -357,6 +371,8 @@ def main(argv=None) -> int:
     parser.add_argument("--clients", default="1,2,4,8,16")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-active", type=int, default=16)
+    parser.add_argument("--prefill-chunk", type=int, default=None,
+                        help="the server's --prefill-chunk (default: the server's own)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--malformed", type=int, default=1000)
@@ -442,12 +458,14 @@ def main(argv=None) -> int:
 
 def _table(report: dict) -> None:
     print(f"{'N':>3} {'agg tok/s':>9} {'x one':>6} {'req tok/s':>9} {'TTFT p50':>8} "
-          f"{'TTFT p95':>8} {'lat p50':>8} {'lat p95':>8} complete identical", file=sys.stderr)
+          f"{'TTFT p95':>8} {'lat p50':>8} {'lat p95':>8} {'pause p95':>9} complete identical",
+          file=sys.stderr)
     for n, lv in report["levels"].items():
         print(f"{n:>3} {lv['aggregate_tokens_per_s']:9.1f} {lv['aggregate_over_one_client'] or 0:6.2f} "
               f"{lv['per_request_tokens_per_s_median'] or 0:9.1f} {lv['ttft_p50_s'] or 0:8.2f} "
               f"{lv['ttft_p95_s'] or 0:8.2f} {lv['latency_p50_s'] or 0:8.2f} "
-              f"{lv['latency_p95_s'] or 0:8.2f} {lv['all_complete']!s:>8} "
+              f"{lv['latency_p95_s'] or 0:8.2f} {lv.get('longest_pause_p95_s') or 0:9.2f} "
+              f"{lv['all_complete']!s:>8} "
               f"{lv.get('identical_to_solo', '-')!s:>9}", file=sys.stderr)
     for case in ("disconnect", "malformed", "kill_restart"):
         if case in report:

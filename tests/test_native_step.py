@@ -379,6 +379,46 @@ def test_served_beside_others_a_request_gives_its_solo_answer_on_the_native_step
     assert native_step.stats(model)["forwards"] < solo_calls
 
 
+def test_prompt_pieces_ride_in_the_decoding_sequences_native_call_with_the_solo_answers(
+        pairs, tiny_tokenizer, monkeypatch):
+    """With int8 prompt reads (the native step reads prompts, so a piece reads as the whole), a
+    newcomer's prompt is read a few rows per step inside the running answers' native call:
+    every step is one call, no answer waits for a prompt forward of its own, and every answer
+    is its solo answer. With bf16 prompt reads (prompts on the modules) nothing is shared."""
+    from ragspec.decoding.packed import PREFILL_ENV, prefill_precision
+    from ragspec.decoding.scheduler import Scheduler
+
+    model, _, _ = pairs["llama"]
+    gen = Generator(model, tiny_tokenizer, eos_token_ids=[2])
+    configs = [GenerationConfig(max_new_tokens=40 - 5 * i, draft=DraftConfig(adaptive=i % 2 == 0))
+               for i in range(4)]
+    requests = list(zip(matrix_prompts(model.config.vocab_size, 4, seed=4), configs, strict=True))
+    try:
+        monkeypatch.setenv(PREFILL_ENV, "bf16")
+        prefill_precision.cache_clear()
+        assert not native_step.reads_prompts(model) and not Scheduler(gen).shared
+        monkeypatch.setenv(PREFILL_ENV, "int8")
+        prefill_precision.cache_clear()
+        want = [gen.generate(p, c).token_ids for p, c in requests]
+        scheduler = Scheduler(gen, max_active=4, prefill_chunk=5)
+        assert scheduler.shared
+        native_step.reset_stats(model)
+        try:
+            first = scheduler.submit(*requests[0])
+            next(iter(first))  # it decodes: the other prompts are read beside its rows
+            handles = [first, *(scheduler.submit(p, c) for p, c in requests[1:])]
+            got = [h.result().token_ids for h in handles]
+        finally:
+            scheduler.close()
+    finally:
+        prefill_precision.cache_clear()
+    assert got == want
+    times = scheduler.times
+    # the first newcomer's prompt alone takes len // 5 shared steps
+    assert times.shared_steps >= len(requests[1][0]) // 5
+    assert times.stalled_seconds == 0 and native_step.stats(model)["forwards"] == times.steps
+
+
 def test_attention_over_several_key_chunks_is_the_same_for_prompt_reads_verifies_and_steps(
         tiny_tokenizer, tmp_path, monkeypatch):
     """Over 600 cached positions a prompt read (runs of rows

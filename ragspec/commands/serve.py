@@ -67,9 +67,12 @@ def _check_port(host: str, port: int) -> None:
 @click.option("--max-waiting", default=64, show_default=True, type=click.IntRange(0, 100000),
               help="Requests that may wait for a slot; beyond that the API answers 429.")
 @click.option("--prefill-chunk", default=None, type=click.IntRange(1), metavar="N",
-              help="Read newcomers' prompts N tokens per step, so running answers pause less "
-                   "(a chunked prompt may round differently from a whole one). Default: each "
-                   "prompt whole, one newcomer per step, exactly as `ragspec ask` reads it.")
+              help="Read newcomers' prompts N tokens per step. Where the native step reads "
+                   "prompts (int8 prompt reads), the pieces go into the running answers' own "
+                   "forward, exactly, and the default is 256 (the whole prompt while nothing "
+                   "else runs). Elsewhere the default is each prompt whole in a forward of its "
+                   "own, one newcomer per step, exactly as `ragspec ask` reads it; with N the "
+                   "running answers pause less, but a chunked prompt may round differently.")
 @click.option("--max-body-kb", default=1024, show_default=True, type=click.IntRange(1),
               help="Largest request body accepted (413 beyond).")
 @click.option("--log-level", default="warning", show_default=True,

@@ -10,8 +10,10 @@ sequence by one step in ONE forward (ragspec.decoding.ragged) and returns what e
     prefilling   its prompt, in a forward of its own: whole (the default: one newcomer per
                  step, oldest first, computed as the engine's prefill is) or in chunks of at
                  most `prefill_chunk` rows per step (running answers pause less, but a chunked
-                 prompt may round differently from a whole one); the last piece also yields
-                 the first token;
+                 prompt may round differently from a whole one); or, `shared` (where the
+                 native step reads prompts, so a piece gives what the whole prompt gives, bit
+                 for bit), in pieces inside the decoding rows' own native call; the last piece
+                 also yields the first token;
     decoding     [last token, draft...]: propose (n-gram index) ► decide (its policy, costing the
                  draft as the step's extra rows) ► verify (the shared forward) ► accept (greedy or
                  the point-mass rule) ► crop its own cache.
@@ -37,6 +39,7 @@ import torch
 
 from ragspec.decoding.cache import new_cache
 from ragspec.decoding.engine import GenerationStream, Generator, Step
+from ragspec.decoding.native_step import PIECE_ROWS
 from ragspec.decoding.packed import step_forward
 from ragspec.decoding.policy import DraftPolicy, ForwardCost
 from ragspec.decoding.ragged import Block, alone, packed_forward
@@ -166,34 +169,55 @@ class BatchSequence:
 
 @dataclass
 class StepTimes:
-    """Where a batch's steps spent their time (summed over the steps given it): prompt forwards,
-    shared decode forwards, and `stalled_seconds`, sequence-seconds of decoding sequences that
-    waited for a prompt forward in their step (a prompt's time × the sequences decoding beside
-    it) — what reading prompts whole costs the running answers."""
+    """Where a batch's steps spent their time (summed over the steps given it): forwards of
+    prompt rows alone, forwards of decode rows alone, forwards that carried both (`shared`:
+    prompt pieces riding in the decoding rows' forward), and `stalled_seconds`,
+    sequence-seconds of decoding sequences that waited for a prompt forward in their step (a
+    prompt's time × the sequences decoding beside it) — what reading prompts apart costs the
+    running answers. decode_steps counts every forward with decode rows, shared or not."""
 
     steps: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    shared_seconds: float = 0.0
     stalled_seconds: float = 0.0
     decode_steps: int = 0
+    shared_steps: int = 0
     decode_sequences: int = 0  # summed over decode steps: mean sequences per decode step
     decode_rows: int = 0
+
+    def count_decodes(self, decodes: Sequence[tuple[BatchSequence, Block]]) -> None:
+        self.decode_steps += 1
+        self.decode_sequences += len(decodes)
+        self.decode_rows += sum(len(block.tokens) for _, block in decodes)
 
     def as_dict(self) -> dict:
         return {"steps": self.steps, "prefill_seconds": round(self.prefill_seconds, 4),
                 "decode_seconds": round(self.decode_seconds, 4),
+                "shared_seconds": round(self.shared_seconds, 4),
                 "stalled_seconds": round(self.stalled_seconds, 4),
-                "decode_steps": self.decode_steps, "decode_sequences": self.decode_sequences,
-                "decode_rows": self.decode_rows}
+                "decode_steps": self.decode_steps, "shared_steps": self.shared_steps,
+                "decode_sequences": self.decode_sequences, "decode_rows": self.decode_rows}
 
 
-def plan_step(sequences: Sequence[BatchSequence], prefill_chunk: int | None
+# With shared steps: the prompt rows a step carries beside decoding rows (unless the scheduler
+# is given its own prefill_chunk), and at most, with nothing decoding, native_step.PIECE_ROWS.
+SHARED_CHUNK = 256
+
+
+def plan_step(sequences: Sequence[BatchSequence], prefill_chunk: int | None,
+              shared: bool = False
               ) -> tuple[list[tuple[BatchSequence, Block]], list[tuple[BatchSequence, Block]]]:
     """(prompt pieces, decode rows) for one step. Prompt pieces, oldest newcomer first: with
     prefill_chunk None, the oldest newcomer's whole prompt (one per step); else at most
-    prefill_chunk prompt rows in all. Then every decoding sequence's rows."""
+    prefill_chunk prompt rows in all. shared (the prompt pieces ride in the decoding rows'
+    forward): at most prefill_chunk (None: SHARED_CHUNK) prompt rows while any sequence
+    decodes, else at most PIECE_ROWS. Then every decoding sequence's rows."""
     prefills: list[tuple[BatchSequence, Block]] = []
     prefilling = [s for s in sequences if s.prefilling]
+    decoding = [s for s in sequences if not s.prefilling]
+    if shared:
+        prefill_chunk = (prefill_chunk or SHARED_CHUNK) if decoding else PIECE_ROWS
     if prefill_chunk is None:
         if prefilling:
             prefills.append((prefilling[0], prefilling[0].plan_prefill(1 << 62)))
@@ -205,7 +229,6 @@ def plan_step(sequences: Sequence[BatchSequence], prefill_chunk: int | None
             block = seq.plan_prefill(budget)
             budget -= len(block.tokens)
             prefills.append((seq, block))
-    decoding = [s for s in sequences if not s.prefilling]
     decodes: list[tuple[BatchSequence, Block]] = []
     rows = len(decoding)
     for seq in decoding:
@@ -216,7 +239,7 @@ def plan_step(sequences: Sequence[BatchSequence], prefill_chunk: int | None
 
 
 def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
-               prefill_chunk: int | None = None, *, packed: bool = True,
+               prefill_chunk: int | None = None, *, packed: bool = True, shared: bool = False,
                times: StepTimes | None = None) -> dict[BatchSequence, Outcome]:
     """Advance every sequence by one step (see the module docstring). packed=False runs one
     forward per sequence (for models that cannot be packed); `times` adds up where the step's
@@ -225,18 +248,36 @@ def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
     Each prompt piece is a forward of its own, as the engine's prefill is (a prefill-sized
     forward takes the weights' prefill path, ragspec.decoding.packed); all decode rows go in
     one forward inside `step_forward()`, so the weights' row-invariant step kernels compute
-    every row as a step of its own sequence would."""
-    prefills, decodes = plan_step(sequences, prefill_chunk)
+    every row as a step of its own sequence would. shared=True (only where the native step
+    reads the model's prompts, native_step.reads_prompts: a piece then gives what the whole
+    prompt gives) puts the step's prompt pieces in that one forward too."""
+    prefills, decodes = plan_step(sequences, prefill_chunk, shared)
     outcomes: dict[BatchSequence, Outcome] = {}
     clock = time.perf_counter()
+    if shared and prefills:
+        blocks = [block for _, block in (*prefills, *decodes)]
+        logits = packed_forward(gen.model, blocks)
+        outcomes.update((seq, seq.take(rows)) for (seq, _), rows
+                        in zip((*prefills, *decodes), logits, strict=True))
+        if times is not None:
+            spent = time.perf_counter() - clock
+            times.steps += 1
+            if decodes:
+                times.shared_seconds += spent
+                times.shared_steps += 1
+                times.count_decodes(decodes)
+            else:
+                times.prefill_seconds += spent
+        return outcomes
     for seq, block in prefills:
         rows = packed_forward(gen.model, [block])[0] if packed else alone(gen.model, block)
         outcomes[seq] = seq.take(rows)
     if times is not None:
         times.steps += 1
-        spent = time.perf_counter() - clock
-        times.prefill_seconds += spent
-        times.stalled_seconds += spent * len(decodes)
+        if prefills:
+            spent = time.perf_counter() - clock
+            times.prefill_seconds += spent
+            times.stalled_seconds += spent * len(decodes)
     if not decodes:
         return outcomes
     clock = time.perf_counter()
@@ -248,9 +289,7 @@ def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
     outcomes.update((seq, seq.take(rows)) for (seq, _), rows in zip(decodes, logits, strict=True))
     if times is not None:
         times.decode_seconds += time.perf_counter() - clock
-        times.decode_steps += 1
-        times.decode_sequences += len(decodes)
-        times.decode_rows += sum(len(block.tokens) for _, block in decodes)
+        times.count_decodes(decodes)
     if len(decodes) == 1 and not prefills and decodes[0][0].stream._policy:
         # a lone decode step is what the cost curve measures: let the engine's watch see it
         block = decodes[0][1]

@@ -52,7 +52,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from ragspec.decoding.cache import GrowingLayer
-from ragspec.decoding.packed import PackedLinear, _is_step
+from ragspec.decoding.packed import PackedLinear, _is_step, prefill_precision
 
 ENV = "RAGSPEC_NATIVE_STEP"
 KV_ENV = "RAGSPEC_KV_CACHE"
@@ -371,6 +371,14 @@ def _output(logits: torch.Tensor, cache):
 
 def installed(model) -> bool:
     return getattr(model, "_ragspec_step", None) is not None
+
+
+def reads_prompts(model) -> bool:
+    """Whether the native step runs this model's prompt reads too (int8 prompt reads,
+    packed.prefill_precision): then a prompt read in pieces of any size gives, bit for bit, the
+    cache and logits of the prompt read whole, and a piece can share one native call with other
+    sequences' steps (ragspec.decoding.batch)."""
+    return installed(model) and prefill_precision() == "int8"
 
 
 def stats(model) -> dict[str, float] | None:

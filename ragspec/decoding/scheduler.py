@@ -11,7 +11,10 @@ Contract:
     dropped before the next step, so its slot and its cache are freed within one step.
   * Each step runs `ragspec.decoding.batch.batch_step`: every active sequence's rows in one
     forward, a newcomer's prompt in a forward of its own: whole by default (one newcomer per
-    step), or in chunks of at most `prefill_chunk` rows per step.
+    step), or in chunks of at most `prefill_chunk` rows per step. Where the native step reads
+    the model's prompts (`shared`, native_step.reads_prompts) the prompt pieces go into the
+    decoding rows' one native call instead: at most `prefill_chunk` rows a step (default
+    batch.SHARED_CHUNK) while anything decodes, bit for bit what a whole prompt read gives.
   * A `Request` is read from any thread: iterate it for Spans (blocking), or poll `drain()`
     after the `listener` it was given is called (from the scheduler thread, after each event: an
     asyncio server wakes its coroutine with it). When it ends, `stats`, `token_ids`, `text`,
@@ -27,6 +30,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
+from ragspec.decoding import native_step
 from ragspec.decoding.batch import BatchSequence, StepTimes, batch_step
 from ragspec.decoding.engine import Generator
 from ragspec.decoding.ragged import packing_problem
@@ -163,6 +167,8 @@ class Scheduler:
         self.packing_problem = packing_problem(gen.model)
         # a model whose cache cannot be rolled back is prefilled in one piece, as the engine does
         self.prefill_chunk = prefill_chunk if gen.speculation_off_reason is None else None
+        # prompt pieces ride in the decoding rows' forward where a piece reads as the whole
+        self.shared = self.packing_problem is None and native_step.reads_prompts(gen.model)
         if self.packing_problem:
             logger.info("one forward per request per step: %s", self.packing_problem)
         self._waiting: collections.deque[Request] = collections.deque()
@@ -281,7 +287,7 @@ class Scheduler:
         by_sequence = {r.sequence: r for r in active}
         try:
             outcomes = batch_step(self.gen, list(by_sequence), self.prefill_chunk,
-                                  packed=self.packed, times=self.times)
+                                  packed=self.packed, shared=self.shared, times=self.times)
         except Exception as exc:  # noqa: BLE001 - one bad step must not end the server
             logger.exception("a generation step failed")
             for request in active:
