@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -80,6 +81,10 @@ class Check:
         self._stores: dict = {}
         self._embedder = None
         self.index_dir = tempfile.mkdtemp(prefix="ragspec-gpu-check-")
+
+    def close(self) -> None:
+        """Remove the temporary indexes the sets were ingested into."""
+        shutil.rmtree(self.index_dir, ignore_errors=True)
 
     def restart_clock(self) -> None:
         """The budget counts from now: loading and converting models come on top of it."""
@@ -462,22 +467,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_prompts:
         # built on this machine's device, with the limits of the device named
         check = Check("cpu", args.budget_s, LIMITS[kind], args.models)
-        log(f"{save_prompts(check, args.save_prompts)} prompts written to {args.save_prompts}")
+        try:
+            log(f"{save_prompts(check, args.save_prompts)} prompts written to {args.save_prompts}")
+        finally:
+            check.close()
         return 0
     check = Check(args.device, args.budget_s, LIMITS[kind], args.models, saved)
     report = {"check": "ragspec gpu_check", "device": args.device, "limits": check.limits}
-    for exact in (True, False):  # loaded (and the GGUF converted) before the budget starts
-        report.setdefault("load_errors", [])
-        result = run_section(lambda exact=exact: {"loaded": check.generator(None, exact)[0].name})
-        if "error" in result:
-            report["load_errors"].append(result["error"])
-    check.restart_clock()
-    for name, (fn, share) in SECTIONS.items():
-        if args.sections and name not in args.sections.split(","):
-            continue
-        log(f"section {name}")
-        check.start_section(share)
-        report[name] = run_section(lambda fn=fn: fn(check))
+    try:
+        for exact in (True, False):  # loaded (and the GGUF converted) before the budget starts
+            report.setdefault("load_errors", [])
+            result = run_section(lambda exact=exact: {"loaded": check.generator(None, exact)[0].name})
+            if "error" in result:
+                report["load_errors"].append(result["error"])
+        check.restart_clock()
+        for name, (fn, share) in SECTIONS.items():
+            if args.sections and name not in args.sections.split(","):
+                continue
+            log(f"section {name}")
+            check.start_section(share)
+            report[name] = run_section(lambda fn=fn: fn(check))
+    finally:
+        check.close()
     text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

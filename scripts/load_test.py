@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import statistics
@@ -453,6 +454,10 @@ def main(argv=None) -> int:
         args.out.write_text(text)
     print(text)
     _table(report)
+    if failures:
+        print(f"the server's log and any index built are kept in {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 1 if failures else 0
 
 

@@ -13,6 +13,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -205,7 +206,9 @@ def fake_servers(tmp_path, monkeypatch):
         tmp_path / "m.gguf", 256, ("llama_server", "llama_server_ngram_simple",
                                    "llama_server_ngram_mod"), threads=2, manifest=manifest)
     yield servers, log
+    assert servers.logs.is_dir()
     servers.close()
+    assert not servers.logs.exists()  # the servers' logs go with them
 
 
 def test_llama_server_streams_the_answer_timed_on_the_clients_clock(fake_servers):
@@ -249,9 +252,12 @@ def test_a_server_that_cannot_start_says_why(tmp_path):
     broken.write_text("import sys\nprint('error: failed to load model m.gguf')\nsys.exit(1)\n")
     manifest = _fake_anchor(tmp_path / "anchors", server=str(broken))
     manifest["bin"] = str(tmp_path / "anchors" / "llama.cpp" / "bin")
+    before = set(Path(tempfile.gettempdir()).glob("ragspec-llama-server-*"))
     with pytest.raises(llamaserver.ServerError, match="failed to load model"):
         llamaserver.LlamaServers.open(tmp_path / "m.gguf", 256, ("llama_server",),
                                       manifest=manifest)
+    # the error carries the log's last lines: its folder is not left behind
+    assert set(Path(tempfile.gettempdir()).glob("ragspec-llama-server-*")) <= before
 
 
 def test_server_methods_run_beside_ragspec_with_first_token_and_decode_apart(

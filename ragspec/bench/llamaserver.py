@@ -26,6 +26,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -203,6 +204,7 @@ class LlamaServers:
         except BaseException:
             for proc in processes.values():
                 proc.kill()
+            shutil.rmtree(logs, ignore_errors=True)  # the error carries the log's last lines
             raise
         return cls(processes, ports, manifest, logs, threads)
 
@@ -222,6 +224,7 @@ class LlamaServers:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        shutil.rmtree(self.logs, ignore_errors=True)
 
     def __enter__(self) -> LlamaServers:
         return self
@@ -232,10 +235,13 @@ class LlamaServers:
 
 def _wait_healthy(proc: subprocess.Popen, port: int, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT
+
+    def tail() -> str:
+        return " / ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-            raise ServerError(f"llama-server exited ({proc.returncode}): " + " / ".join(tail))
+            raise ServerError(f"llama-server exited ({proc.returncode}): {tail()}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/health")
@@ -247,4 +253,5 @@ def _wait_healthy(proc: subprocess.Popen, port: int, log: Path) -> None:
             conn.close()
         time.sleep(0.2)
     proc.kill()
-    raise ServerError(f"llama-server did not become ready on port {port} in {START_TIMEOUT:.0f} s")
+    raise ServerError(f"llama-server did not become ready on port {port} in "
+                      f"{START_TIMEOUT:.0f} s; its log ended: {tail()}")
