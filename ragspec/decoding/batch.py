@@ -255,10 +255,9 @@ def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
     outcomes: dict[BatchSequence, Outcome] = {}
     clock = time.perf_counter()
     if shared and prefills:
-        blocks = [block for _, block in (*prefills, *decodes)]
-        logits = packed_forward(gen.model, blocks)
-        outcomes.update((seq, seq.take(rows)) for (seq, _), rows
-                        in zip((*prefills, *decodes), logits, strict=True))
+        planned = [*prefills, *decodes]
+        logits = packed_forward(gen.model, [block for _, block in planned])
+        outcomes.update((seq, seq.take(rows)) for (seq, _), rows in zip(planned, logits, strict=True))
         if times is not None:
             spent = time.perf_counter() - clock
             times.steps += 1

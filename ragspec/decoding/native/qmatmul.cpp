@@ -135,10 +135,9 @@ static void quantise_one(const float* x, int64_t i, int64_t k, Activations& r) {
       r.qpair[i * (G / 2) + p] = int32_t(uint32_t(uint16_t(int16_t(qs[4 * p] + qs[4 * p + 1]))) |
                                          (uint32_t(uint16_t(int16_t(qs[4 * p + 2] + qs[4 * p + 3]))) << 16));
   if (const int32_t c = group_offset(r.fmt))
-    for (int64_t g = 0; g < G; ++g)
-      r.start32[i * G + g] = -c * (r.qsum16[i * 2 * G + 2 * g] + r.qsum16[i * 2 * G + 2 * g + 1]);
+    for (int64_t g = 0; g < G; ++g) r.start32[i * G + g] = -c * (qs[2 * g] + qs[2 * g + 1]);
   if (r.fmt == Q6_K)
-    for (int64_t h = 0; h < 2 * G; ++h) r.start16[i * 2 * G + h] = -32 * r.qsum16[i * 2 * G + h];
+    for (int64_t h = 0; h < 2 * G; ++h) r.start16[i * 2 * G + h] = -32 * qs[h];
 }
 
 void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& r) {
