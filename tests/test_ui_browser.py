@@ -98,20 +98,43 @@ def open_page(browser, url: str):
     return page
 
 
-def set_number(page, label: str, value: int) -> None:
+def open_advanced(page, inside, state: str = "visible") -> None:
+    """Open the sidebar's "Advanced" expander until `inside` (a locator of something in it)
+    reaches `state`. A rerun still under way (after an upload, on a slow machine) can redraw
+    the expander closed, take the click, or show its old and new copies at once for a moment:
+    so the first copy is clicked, and again until what it holds is there."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    box = page.get_by_label(label)
-    # The engine's settings sit in the sidebar's "Advanced" expander. A rerun still under way
-    # (after an upload, on a slow machine) can redraw it closed, or take the click: click again.
+    def there() -> bool:
+        return inside.is_visible() if state == "visible" else inside.count() > 0
+
     for _ in range(4):
-        if box.is_visible():
-            break
-        page.locator(SIDEBAR).get_by_text("Advanced", exact=True).click()
+        if there():
+            return
+        page.locator(SIDEBAR).get_by_text("Advanced", exact=True).first.click()
         try:
-            box.wait_for(timeout=20_000)
+            inside.wait_for(state=state, timeout=20_000)
         except PlaywrightTimeout:
             continue
+        return
+    inside.wait_for(state=state)
+
+
+def set_toggle(page, label: str, on: bool) -> None:
+    """Switch the sidebar toggle `label` on or off, clicking the first copy of its label until
+    its box says so (a rerun can show two copies for a moment, or take a click)."""
+    box = page.locator(SIDEBAR).get_by_label(label, exact=True)
+    for _ in range(4):
+        if box.first.is_checked() == on:
+            break
+        page.locator(SIDEBAR).get_by_text(label, exact=True).first.click()
+        page.wait_for_timeout(1000)  # let the rerun the click triggered finish
+    assert box.first.is_checked() == on, f"{label} did not switch {'on' if on else 'off'}"
+
+
+def set_number(page, label: str, value: int) -> None:
+    box = page.get_by_label(label)
+    open_advanced(page, box)  # the engine's settings sit in the sidebar's "Advanced" expander
     box.wait_for()
     box.fill(str(value))
     box.press("Enter")
@@ -180,7 +203,7 @@ def test_browser_hostile_file_names_stay_text(chromium, tmp_path):
                          "<script>alert(3)<_script>.exe: unsupported type",
                          "[broken](http:__evil.example_).pdf:"):
             page.get_by_text(expected).first.wait_for()
-        page.locator(SIDEBAR).get_by_text("Advanced", exact=True).click()  # its tooltips too
+        open_advanced(page, page.get_by_label("Maximum answer tokens"))  # its tooltips too
         remove = page.locator(f'{SIDEBAR} [data-testid="stTooltipHoverTarget"]')
         tooltips = []
         for i in range(remove.count()):
@@ -237,8 +260,7 @@ def test_browser_two_users_queue_and_stop(chromium, tmp_path):
         first.locator(f'{SIDEBAR} input[type="file"]').set_input_files(doc)
         first.get_by_text("larkspur metrics.md: added").wait_for()
         for page, tokens in ((first, 1024), (second, 16)):
-            page.get_by_text("Speculation", exact=True).click()  # off: one token per forward
-            page.wait_for_timeout(500)
+            set_toggle(page, "Speculation", False)  # off: one token per forward
             set_number(page, "Maximum answer tokens", tokens)
 
         ask(first, QUESTION)

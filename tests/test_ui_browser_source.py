@@ -24,7 +24,15 @@ import pytest
 from copying_model import BREAK, copying_model_folder
 from fakes import docx_bytes
 from test_pdf_boxes import _letters, _PdfiumLayer, _two_columns
-from test_ui_browser import SCREENSHOT_ENV, SIDEBAR, ask, chromium, serving  # noqa: F401
+from test_ui_browser import (  # noqa: F401 (fixture)
+    SCREENSHOT_ENV,
+    SIDEBAR,
+    ask,
+    chromium,
+    open_advanced,
+    serving,
+    set_toggle,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -123,19 +131,15 @@ def answer(page, model: str, question: str) -> None:
     """A new chat, the named model, the question; returns once the answer is saved."""
     page.locator(SIDEBAR).get_by_text("New chat").click()
     page.wait_for_timeout(1000)
-    page.locator(SIDEBAR).locator('[data-testid="stSelectbox"]').filter(has_text="Model").click()
+    page.locator(SIDEBAR).locator('[data-testid="stSelectbox"]').filter(has_text="Model").first.click()
     page.get_by_role("option", name=model, exact=True).click()
     page.wait_for_timeout(1000)
     # Draft whatever the match offers: the adaptive policy weighs drafts against this machine's
     # forward costs, and on a loaded machine it may rightly decline to draft at all.
-    adaptive = page.get_by_label("Adaptive drafting", exact=True)
+    adaptive = page.locator(SIDEBAR).get_by_label("Adaptive drafting", exact=True).first
     if not adaptive.is_visible():
-        page.locator(SIDEBAR).get_by_text("Advanced", exact=True).click()
-        adaptive.wait_for(state="attached")
-    if adaptive.is_checked():
-        page.locator(SIDEBAR).get_by_text("Adaptive drafting").click()
-        page.wait_for_timeout(1000)
-    assert not adaptive.is_checked()
+        open_advanced(page, adaptive, state="attached")
+    set_toggle(page, "Adaptive drafting", False)
     ask(page, question)
     try:
         page.get_by_text("Passages used").first.wait_for(timeout=600_000)
