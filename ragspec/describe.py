@@ -92,7 +92,7 @@ def identical_verdict(baseline_ids: Sequence[int], spec_ids: Sequence[int],
     first = next((i for i, (a, b) in enumerate(pairs) if a != b),
                  min(len(baseline_ids), len(spec_ids)))
     return False, (f"\u274c Not identical: the answers diverge at token {first} "
-                   f"(a floating-point near-tie; see README, Exactness).")
+                   f"(a floating-point near-tie; see docs/how-it-works.md, Exactness).")
 
 
 def seconds_speedup(baseline_seconds: float, spec_seconds: float) -> float:

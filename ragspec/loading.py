@@ -14,7 +14,7 @@ import functools
 import os
 from pathlib import Path
 
-EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = ragspec.retrieval.embeddings.ENV_VAR, without importing it
+EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = ragspec.retrieval.embeddings.embedder.ENV_VAR, without importing it
 
 
 def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
@@ -28,8 +28,8 @@ def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None
                    max_draft: int = 16, *, device: str | None = None, exact: bool = False,
                    weights: str = "auto"):
     """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2); weights as for
-    ragspec.decoding.model.load_model."""
-    from ragspec.decoding.model import load_model
+    ragspec.models.load.load_model."""
+    from ragspec.models.load import load_model
 
     cache = model_cache_dir(cache_dir)
     loaded = load_model(model, cache, device=device, exact=exact, weights=weights)
@@ -73,7 +73,7 @@ def describe_device(loaded) -> str:
 def cached_embedder(name: str | None):
     """The embedder `name` (None: RAGSPEC_EMBEDDER or the bundled one), loaded once per process
     (the chat serves many sessions, tests run many commands)."""
-    from ragspec.retrieval.embeddings import Embedder
+    from ragspec.retrieval.embeddings.embedder import Embedder
 
     return Embedder(name)
 

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ragspec.decoding.engine import GenerationStream, Generator
-from ragspec.decoding.model import chat_prompt_text
 from ragspec.decoding.types import (
     ANSWER_REPEAT,
     GenerationConfig,
@@ -34,8 +33,9 @@ from ragspec.decoding.types import (
     SourceRegion,
 )
 from ragspec.describe import copied_ranges, source_label
+from ragspec.models.load import chat_prompt_text
 from ragspec.prompts import DEFAULT_PROMPT, PROMPTS
-from ragspec.retrieval.store import SEARCH_MODES, Passage
+from ragspec.retrieval.faiss.store import SEARCH_MODES, Passage
 from ragspec.search import (
     DEFAULT_MIN_SCORE,
     DEFAULT_SEARCH,
@@ -69,7 +69,7 @@ class PipelineConfig:
     min_passage_chars: a passage that would have to be cut shorter than this is dropped instead.
     rewrite_followups: make follow-up questions standalone using the chat history.
     best_last: list the passages in reverse rank order, so the best one ([1]) sits right before
-        the question; a 135M model quotes the passage nearest the question most (see README).
+        the question; a 135M model quotes the passage nearest the question most (see docs/answer-quality.md).
     system_prompt: the instruction given to the model.
     question_suffix: text put after the question in the user turn (a closing instruction).
     repeat: the stop rule and penalty for repetition that `stream` applies when the caller's

@@ -4,7 +4,7 @@
 Contract: plain strings. A Prompt is the system message and an optional line put after the
 question in the user turn (a 135M model heeds what comes last more than the system message).
 The default was chosen with `ragspec eval` on data/realdocs/dev and reported on
-data/realdocs/heldout (README, "Answer quality").
+data/realdocs/heldout (docs/answer-quality.md).
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ragspec.decoding.model import ModelNotFound
 from ragspec.decoding.types import (
     GenerationConfig,
     GenerationResult,
@@ -40,6 +39,7 @@ from ragspec.decoding.types import (
     Span,
     SpanOrigin,
 )
+from ragspec.models.load import ModelNotFound
 from ragspec.pipeline import Pipeline, PipelineConfig, PreparedPrompt
 from ragspec.quoting import QuoteFinder, locate, span_from_dict
 

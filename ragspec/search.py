@@ -3,7 +3,7 @@
 Contract:
   * `retrieve(store, question, history, ...)` makes a follow-up standalone (see
     `standalone_question`), searches with the chosen mode ("dense" or "hybrid", see
-    ragspec.retrieval.store) and compares the best cosine of any passage with the relevance floor
+    ragspec.retrieval.faiss.store) and compares the best cosine of any passage with the relevance floor
     `min_score`: below it the Retrieval is `refused`, and the caller shows NOT_IN_DOCUMENTS with
     the closest passages (the most similar ones, whatever the mode) instead of asking the
     model. No model is needed here, so a refusal
@@ -25,7 +25,7 @@ from ragspec.retrieval.records import Hit, Passage
 NOT_IN_DOCUMENTS = ("Your documents do not appear to contain the answer to this question, so no "
                     "answer was generated. These are the closest passages found:")
 
-# Chosen on the tuning question sets (README, "Retrieval quality"; scripts/retrieval_eval.py):
+# Chosen on the tuning question sets (docs/documents-and-search.md, "Finding passages"; ragspec/eval/retrieval.py):
 # hybrid had the better recall; the floor is the highest that refused no answerable question.
 DEFAULT_SEARCH = "hybrid"
 DEFAULT_MIN_SCORE = 0.4

@@ -146,7 +146,7 @@ def image_rects(rendered: RenderedPage, boxes) -> list[list[float]]:
 
 
 def text_window(source: Source, passage, context: int = 1500) -> tuple[str, int]:
-    from ragspec.retrieval.loaders import load_bytes
+    from ragspec.retrieval.readers.loaders import load_bytes
 
     docs = load_bytes(source.data, source.path)
     text = docs[0].page_content

@@ -81,7 +81,7 @@ def tiny_model(tiny_tokenizer):
 @pytest.fixture(scope="session")
 def bundled():
     """The bundled model as ragspec runs it by default (its GGUF's own formats, packed)."""
-    from ragspec.decoding.model import load_model
+    from ragspec.models.load import load_model
 
     return load_model(None, MODEL_CACHE)
 
@@ -89,7 +89,7 @@ def bundled():
 @pytest.fixture(scope="session")
 def bundled_fp32():
     """The bundled model de-quantised to fp32 in transformers' own layers (--weights fp32)."""
-    from ragspec.decoding.model import load_model
+    from ragspec.models.load import load_model
 
     return load_model(None, MODEL_CACHE, weights="fp32")
 

@@ -1,15 +1,19 @@
-"""Dependencies point one way: the app -> retrieval, decoding -> ragspec.fileio,
-ragspec.paths and ragspec.cpuinfo (leaves).
+"""Dependencies point one way: the app -> models -> decoding; the app -> retrieval; both ->
+ragspec.fileio, ragspec.paths and ragspec.cpuinfo (leaves).
 
 Read from the source (every import statement of every module, also those inside functions), so
 a lazy import cannot hide a dependency:
-  * ragspec.decoding imports no other part of ragspec but itself and the leaves, and neither
-    LangChain nor FAISS (the engine is torch only);
+  * ragspec.decoding (the engine) imports no other part of ragspec but itself and the leaves,
+    and neither LangChain nor FAISS (the engine is torch only);
+  * ragspec.models (loading and formats) imports only itself, the engine and the leaves;
   * ragspec.retrieval imports no other part of ragspec but itself and the leaves;
   * the leaves (ragspec.fileio: file writes; ragspec.paths: where the data directory is;
     ragspec.cpuinfo: what the CPU can do) import nothing from ragspec;
   * only ragspec.web imports streamlit;
-  * no two modules import each other (a pair that does is one module in two files).
+  * no two modules import each other (a pair that does is one module in two files);
+  * nothing in ragspec imports the repository's benchmarks/, scripts/ or tests/, and no test
+    imports a benchmark script (what both need is a module of the package);
+  * no package folder holds more than MAX_MODULES modules (a folder names one job).
 """
 
 from __future__ import annotations
@@ -26,11 +30,15 @@ LEAVES = (LEAF, "ragspec.paths", "ragspec.cpuinfo")
 # layer -> the ragspec modules it may import (itself included)
 ALLOWED = {
     "ragspec.decoding": ("ragspec.decoding", *LEAVES),
+    "ragspec.models": ("ragspec.models", "ragspec.decoding", *LEAVES),
     "ragspec.retrieval": ("ragspec.retrieval", *LEAVES),
     LEAF: (),
     "ragspec.paths": (),
     "ragspec.cpuinfo": (),
 }
+# the repository's folders that are not the package: nothing in the package may need them
+OUTSIDE = ("benchmarks", "scripts", "tests")
+MAX_MODULES = 20
 FORBIDDEN_THIRD_PARTY = {"ragspec.decoding": ("langchain", "langchain_core",
                                               "langchain_community", "faiss")}
 
@@ -84,6 +92,8 @@ def violations(root: Path = PACKAGE) -> list[str]:
             top = name.split(".")[0]
             if top == "streamlit" and not module.startswith("ragspec.web"):
                 why = "only ragspec.web may import streamlit"
+            elif top in OUTSIDE:
+                why = f"the package must not import the repository's {top}/"
             elif layer and top in FORBIDDEN_THIRD_PARTY.get(layer, ()):
                 why = f"{layer} must not depend on it"
             elif (layer and top == "ragspec" and name != "ragspec" and is_module(name, root)
@@ -122,7 +132,7 @@ def with_import(tmp_path: Path, module: str, source: str) -> Path:
 
 # module the import is added to | the import (backslash-n: a line break) | what the report says
 AGAINST = """
-decoding/bad.py    | from ragspec.retrieval.store import PassageStore   | may import only
+decoding/bad.py    | from ragspec.retrieval.faiss.store import PassageStore   | may import only
 decoding/bad.py    | def f():\\n    import ragspec.pipeline               | may import only
 decoding/bad.py    | from .. import loading                             | may import only
 decoding/bad.py    | from ragspec import web                            | may import only
@@ -131,6 +141,10 @@ decoding/bad.py    | from langchain_core.documents import Document      | must n
 retrieval/bad.py   | from ragspec.decoding.types import Span            | may import only
 retrieval/bad.py   | from ragspec.commands import common                | may import only
 retrieval/bad.py   | from ..bench import runner                         | may import only
+models/bad.py      | from ragspec.retrieval import errors               | may import only
+models/bad.py      | from ragspec import pipeline                       | may import only
+bench/bad.py       | from benchmarks import kernel_bench                | must not import
+serve/bad.py       | def f():\\n    import tests.support.fakes           | must not import
 fileio.py          | from ragspec.retrieval import errors               | nothing from ragspec
 bench/bad.py       | import streamlit as st                             | only ragspec.web
 search.py          | from streamlit import session_state                | only ragspec.web
@@ -151,9 +165,10 @@ def test_an_import_against_the_direction_is_caught(tmp_path, module, source, rea
 @pytest.mark.parametrize("module, source", [
     ("decoding/ok.py", "from ragspec.decoding.types import Span\nfrom . import ngram\n"),
     ("decoding/ok.py", "from ragspec.fileio import write_atomically\n"),
+    ("models/ok.py", "from ragspec.decoding import native_step\nfrom . import hub\n"),
     ("retrieval/ok.py", "from ragspec.fileio import fsync_dir\nfrom .errors import LoadError\n"),
     ("web/ok.py", "import streamlit\nfrom ragspec.decoding import engine\n"),
-    ("pipeline.py", "from ragspec.retrieval.store import PassageStore\n"),
+    ("pipeline.py", "from ragspec.retrieval.faiss.store import PassageStore\n"),
 ])
 def test_imports_along_the_direction_pass(tmp_path, module, source):
     assert violations(with_import(tmp_path, module, source)) == []
@@ -206,7 +221,48 @@ def test_no_modules_import_each_other():
 def test_a_circle_of_imports_is_caught(tmp_path):
     copy = with_import(tmp_path, "pipeline.py", "def f():\n    import ragspec.remote\n")
     assert ["ragspec.pipeline", "ragspec.remote"] in import_cycles(copy)
-    copy = with_import(tmp_path / "b", "retrieval/milvus_location.py",
+    copy = with_import(tmp_path / "b", "retrieval/milvus/location.py",
                        "def f():\n    from ragspec.retrieval import backends\n")
-    assert any({"ragspec.retrieval.backends", "ragspec.retrieval.milvus_location"} <= set(c)
+    assert any({"ragspec.retrieval.backends", "ragspec.retrieval.milvus.location"} <= set(c)
                for c in import_cycles(copy))
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def script_imports(root: Path = TESTS) -> list[str]:
+    """One line per import of a benchmark script (benchmarks/, scripts/) in the test suite."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(root)}:{node.lineno} imports {name}" for name in names
+                      if name.split(".")[0] in ("benchmarks", "scripts")]
+    return found
+
+
+def test_no_test_imports_a_benchmark_script():
+    assert script_imports() == []
+
+
+def test_a_test_that_imports_a_benchmark_script_is_caught(tmp_path):
+    (tmp_path / "test_x.py").write_text("def test_x():\n    from benchmarks import replay\n")
+    assert script_imports(tmp_path) == ["test_x.py:2 imports benchmarks"]
+
+
+def crowded(root: Path = PACKAGE) -> list[str]:
+    """The package folders holding more than MAX_MODULES modules."""
+    return [f"{folder.relative_to(root.parent)}: {n} modules"
+            for folder in sorted({root, *(p.parent for p in root.rglob("__init__.py"))})
+            if (n := len(list(folder.glob("*.py")))) > MAX_MODULES]
+
+
+def test_no_package_folder_holds_more_than_its_share_of_modules(tmp_path):
+    assert crowded() == []
+    copy = tmp_path / "ragspec"
+    (copy / "big").mkdir(parents=True)
+    for i in range(MAX_MODULES + 1):
+        (copy / "big" / f"m{i}.py").write_text("")
+    (copy / "big" / "m0.py").rename(copy / "big" / "__init__.py")
+    assert crowded(copy) == [f"ragspec/big: {MAX_MODULES + 1} modules"]

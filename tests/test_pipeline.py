@@ -17,7 +17,7 @@ from ragspec.pipeline import (
     is_followup,
     standalone_question,
 )
-from ragspec.retrieval.store import Hit, Passage, SearchResult
+from ragspec.retrieval.faiss.store import Hit, Passage, SearchResult
 from ragspec.search import NOT_IN_DOCUMENTS
 
 PASSAGES = [

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ragspec import paths
 from ragspec.accounts.users import Quotas, User
-from ragspec.retrieval.limits import size_text
+from ragspec.retrieval.readers.limits import size_text
 
 SHARED = "shared"  # the owner's collection: $RAGSPEC_HOME/index and uploads/
 

@@ -3,7 +3,7 @@ costs ragspec and the llama.cpp family on the same GGUF files at real model shap
 
 Engines: ragspec (packed weights, its kernels), llamacpp (llama-cpp-python, when installed), and
 the native builds of `make bench-anchors`: llama.cpp (mainline) and ik_llama.cpp (run-time
-repacking on), measured through their anchor-probe (ragspec.bench.native_anchors) with the same
+repacking on), measured through their anchor-probe (ragspec.bench.anchors.native) with the same
 definitions of prefill, c(k) and memory.
 
 Contract: `machine_limits()` measures memory bandwidth (reading a 1 GiB buffer; copying one) and
@@ -67,7 +67,7 @@ def machine_limits(repeats: int = 5) -> dict:
 
 
 def _cpu_name() -> str:
-    from ragspec.bench.llama_build import cpu_flags, cpu_name
+    from ragspec.bench.anchors.llama_build import cpu_flags, cpu_name
 
     name, flags = cpu_name(), cpu_flags() or set()
     sets = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
@@ -89,7 +89,7 @@ def measure_file(engine: str, gguf: Path, shape: str, mix: str, context: int, ma
     """See the module docstring; raises RuntimeError with the child's last words on failure."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
-    from ragspec.bench import native_anchors
+    from ragspec.bench.anchors import native as native_anchors
 
     if engine in native_anchors.NATIVE_ENGINES:  # a native process of its own already
         return native_anchors.measure(engine, gguf, context, max_tokens, rounds, threads)
@@ -126,10 +126,11 @@ def _timed_rounds(step, sizes: int, rounds: int) -> list[float]:
 def _ragspec(spec: dict) -> dict:
     from ragspec import paths
     from ragspec.bench.shapes import config
-    from ragspec.decoding import native, native_step, packing
+    from ragspec.decoding import native, native_step
     from ragspec.decoding.attention import install
     from ragspec.decoding.cache import crop_cache, new_cache
     from ragspec.decoding.packed import packed_bytes, step_forward
+    from ragspec.models import packed_cache as packing
 
     native.ops(paths.models_dir())
     with tempfile.TemporaryDirectory() as scratch:  # the product's path: packed file, mmapped

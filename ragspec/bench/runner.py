@@ -16,10 +16,10 @@ Methods (all greedy, all capped at max_new_tokens):
     oracle     the engine drafting the true greedy continuation (greedy's output), max_draft at a
                time: the ceiling for any drafter on this machine;
     llamacpp, llamacpp_pld  llama.cpp on the same GGUF file when llama_cpp is installed
-               (ragspec.bench.llamacpp);
+               (ragspec.bench.anchors.llamacpp);
     llama_server, llama_server_ngram_*  mainline llama-server (a native build) on the same GGUF
                file and prompt ids, greedy and with each of its draft-free n-gram modes
-               (ragspec.bench.llamaserver), timed on the client's clock.
+               (ragspec.bench.anchors.llama_server), timed on the client's clock.
 
 identical_to_greedy compares token ids with greedy's output; for greedy itself it compares with
 model.generate on the engine's own model object (hf_greedy's output when that runs the same
@@ -34,7 +34,7 @@ methods through a StoppingCriteria and the llama.cpp methods in their token loop
 on tokens already produced. transformers' prompt lookup may write past the stop inside its last
 verify step; those tokens are timed and then dropped, so every method is compared on the same
 text. Each entry says whether its answer looped ("looping": the stop rule ended greedy's
-answer, or it holds a run of 8 tokens written 3 times; ragspec.bench.quality), so speedups can be
+answer, or it holds a run of 8 tokens written 3 times; ragspec.eval.quality), so speedups can be
 reported on the answers that do not.
 """
 
@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ragspec.bench.llamacpp import LLAMACPP_METHODS
-from ragspec.bench.llamaserver import NGRAM_METHODS, SERVER_METHODS
+from ragspec.bench.anchors.llama_server import NGRAM_METHODS, SERVER_METHODS
+from ragspec.bench.anchors.llamacpp import LLAMACPP_METHODS
 from ragspec.bench.questions import KINDS, BenchInputError, Prepared, Question, load_questions
 from ragspec.decoding.repetition import RepetitionGuard, max_repeats, stop_point
 from ragspec.decoding.types import ANSWER_REPEAT, DraftConfig, GenerationConfig, RepeatConfig
@@ -150,8 +150,8 @@ class Runner:
     def __init__(self, generator, draft: DraftConfig | None = None, pld_tokens: int = PLD_TOKENS,
                  anchors=None, stock: bool = True, methods: Sequence[str] | None = None,
                  stock_model=None, repeat: RepeatConfig | None = None, servers=None):
-        """anchors: an ragspec.bench.llamacpp.LlamaCppAnchors, to run the llama.cpp methods too.
-        servers: an ragspec.bench.llamaserver.LlamaServers, to run its llama-server methods.
+        """anchors: an ragspec.bench.anchors.llamacpp.LlamaCppAnchors, to run the llama.cpp methods too.
+        servers: an ragspec.bench.anchors.llama_server.LlamaServers, to run its llama-server methods.
         stock: run hf_greedy/hf_pld as transformers runs the model (fp32, sdpa); False runs
             model.generate on the model exactly as the engine runs it (ragspec's attention and
             4-bit layers): the reference of the engine's greedy identity.
@@ -348,8 +348,8 @@ def bench_question(runner: Runner, index: int, item: Prepared, max_new_tokens: i
 
 def looping(run: MethodRun) -> bool:
     """Whether an answer repeated itself: the stop rule ended it, or it holds a loop as
-    ragspec.bench.quality counts one (a run of 8 tokens written 3 or more times)."""
-    from ragspec.bench.quality import LOOP_NGRAM, LOOP_TIMES
+    ragspec.eval.quality counts one (a run of 8 tokens written 3 or more times)."""
+    from ragspec.eval.quality import LOOP_NGRAM, LOOP_TIMES
 
     return run.stop_reason == "repetition" or max_repeats(run.token_ids, LOOP_NGRAM) >= LOOP_TIMES
 
@@ -366,7 +366,7 @@ def run_bench(runner: Runner, prepared: Sequence[Prepared], max_new_tokens: int,
 
 
 # Callers reach the whole benchmark through this module (`ragspec.bench.runner as core`).
-from ragspec.bench.setup import Setup, build_setup, ingest_corpus, prepare_prompts  # noqa: E402
+from ragspec.bench.prepare import Setup, build_setup, ingest_corpus, prepare_prompts  # noqa: E402
 
 __all__ = ["METHODS", "KINDS", "BASELINE", "REFERENCE", "BenchInputError", "Question",
            "load_questions", "Prepared", "MethodRun", "Runner", "Setup", "build_setup",

@@ -96,7 +96,7 @@ def config(name: str):
 def multiply_accumulates(name: str) -> int:
     """Multiply-accumulates per token in the shape's linear layers and LM head (a tied head
     multiplies the embedding): the arithmetic of a forward, attention aside."""
-    from ragspec.decoding.packing import meta_model_from_config, targets
+    from ragspec.models.packed_cache import meta_model_from_config, targets
 
     model = meta_model_from_config(config(name))
     kinds = targets(model)
@@ -214,7 +214,7 @@ def write_gguf(name: str, mix: str, path: Path | str, seed: int = 0) -> Path:
     import gguf
     from gguf import get_tensor_name_map
 
-    from ragspec.decoding.packing import meta_model_from_config, targets
+    from ragspec.models.packed_cache import meta_model_from_config, targets
 
     if mix not in FORMATS:
         raise ValueError(f"unknown quantisation mix {mix!r}; known: {', '.join(FORMATS)}")
@@ -265,7 +265,7 @@ def random_entries(name: str, mix: str, seed: int = 0) -> dict:
     import torch
 
     from ragspec.decoding.packed import PackedWeight
-    from ragspec.decoding.packing import meta_model_from_config, targets
+    from ragspec.models.packed_cache import meta_model_from_config, targets
 
     cfg = config(name)
     model = meta_model_from_config(cfg)

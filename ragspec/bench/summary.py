@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from ragspec.bench.llamaserver import NGRAM_METHODS
+from ragspec.bench.anchors.llama_server import NGRAM_METHODS
 from ragspec.bench.runner import BASELINE, KINDS, METHODS
 
 
@@ -158,7 +158,7 @@ def build_results(model: str, device: str, max_new_tokens: int, entries: list[di
                   llama_server_build: dict | None = None) -> dict:
     """The results file's object. llamacpp_build: the instruction sets the llama.cpp methods'
     library was compiled for; llama_server_build: the llama-server build's record
-    (ragspec.bench.anchor_build); each recorded when those methods ran."""
+    (ragspec.bench.anchors.build); each recorded when those methods ran."""
     methods = list(entries[0]["results"]) if entries else list(METHODS)
     results = {"model": model, "device": device, "max_new_tokens": max_new_tokens,
                "repeats": repeats, "methods": methods, "questions": entries,

@@ -16,16 +16,16 @@ import click
 
 from ragspec.bench import runner as core
 from ragspec.bench import summary as summary
-from ragspec.bench.llamacpp import LLAMACPP_METHODS
-from ragspec.bench.llamaserver import SERVER_METHODS
+from ragspec.bench.anchors.llama_server import SERVER_METHODS
+from ragspec.bench.anchors.llamacpp import LLAMACPP_METHODS
 from ragspec.commands.common import corpus_option, limit_option
-from ragspec.decoding.weights import WEIGHTS
+from ragspec.models.weights import WEIGHTS
 
 
 def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, weights="auto",
                 methods=None, llama_server=None) -> core.Setup:
     """ragspec.bench.runner.build_setup with errors as one clear line (tests replace this)."""
-    from ragspec.decoding.model import ModelNotFound
+    from ragspec.models.load import ModelNotFound
     from ragspec.retrieval.errors import RetrievalError
 
     try:
@@ -166,7 +166,7 @@ def _report(results: dict, setup: core.Setup, out: str | None, plot_path: str | 
     if "llamacpp_build" in results:
         click.echo(f"llama.cpp compiled for: {', '.join(results['llamacpp_build']) or '-'}")
     if "llama_server_build" in results:
-        from ragspec.bench.anchor_build import describe
+        from ragspec.bench.anchors.build import describe
 
         click.echo(f"llama-server: {describe(results['llama_server_build'])}")
     click.echo(summary.format_table(results))

@@ -57,7 +57,7 @@ def bench_engine(shape_names, mixes, engines, context, max_tokens, rounds, folde
     and c(k), a forward over k new tokens after --context cached ones with logits for each of
     them (what a speculative verify needs). The bound of each forward is max(weight bytes /
     read bandwidth, 2 x multiply-accumulates x k / peak fp32 GEMM FLOP/s), both measured here.
-    Random weights measure cost only: acceptance comes from the bundled model (scripts/replay.py).
+    Random weights measure cost only: acceptance comes from the bundled model (benchmarks/replay.py).
 
     Every engine is measured the same way: the faster of two prefills of --context tokens, and
     c(k) as one forward (one llama_decode for the llama.cpp family, through its anchor-probe,
@@ -101,8 +101,8 @@ def bench_engine(shape_names, mixes, engines, context, max_tokens, rounds, folde
 def _drop_missing(engine_list: list[str]) -> dict:
     """Leave out the anchors this machine has not built or installed, saying so; the build line
     of each native one that stays."""
-    from ragspec.bench import anchor_build
-    from ragspec.bench.llamacpp import available
+    from ragspec.bench.anchors import build as anchor_build
+    from ragspec.bench.anchors.llamacpp import available
 
     if "llamacpp" in engine_list and not available():
         click.echo("llama-cpp-python is not installed (`make bench-anchors`): llamacpp left out",

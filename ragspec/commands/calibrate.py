@@ -29,7 +29,7 @@ def calibrate(show, plot_path, max_draft, model_spec, device, exact, weights, as
     work on the machine is used but not cached. Run this on an idle machine to refresh it.
     """
     from ragspec.decoding import calibrate as cal
-    from ragspec.decoding.model import ModelNotFound, load_model
+    from ragspec.models.load import ModelNotFound, load_model
 
     cache = paths.models_dir()
     try:

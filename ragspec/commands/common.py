@@ -48,7 +48,7 @@ min_score_option = click.option(
 
 def model_options(f):
     """--model/--weights/--device/--exact, shared by the commands that load the generator."""
-    from ragspec.decoding.weights import WEIGHTS
+    from ragspec.models.weights import WEIGHTS
 
     f = click.option("--exact", is_flag=True,
                      help="On a GPU: fp32 instead of bf16, so greedy output matches "
@@ -144,8 +144,8 @@ def generator_from_options(model_spec: str | None, device: str | None = None, ex
             raise click.ClickException(printable(str(exc))) from exc
     from ragspec.decoding import native
     from ragspec.decoding.calibrate import COSTS_FILE
-    from ragspec.decoding.model import BUNDLED, ModelNotFound, load_model
     from ragspec.loading import generator_for
+    from ragspec.models.load import BUNDLED, ModelNotFound, load_model
 
     cache = paths.models_dir()
 

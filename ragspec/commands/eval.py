@@ -1,7 +1,7 @@
 """`ragspec eval`: answer quality per model and setting — does the answer hold the question's
 answer snippet, does it loop, does it refuse what the documents do not answer.
 
-The logic lives in ragspec.bench.evaluate (answering) and ragspec.bench.quality (measures and
+The logic lives in ragspec.eval.evaluate (answering) and ragspec.eval.quality (measures and
 table); this module parses options and reports. Progress goes to stderr, results to stdout (a
 table, or the results object with --json). Exit status: 0 on success, 1 when some input failed
 (the questions file, a corpus file, a question; each is named), 2 on bad usage.
@@ -93,14 +93,14 @@ def eval_command(corpus, questions_file, models, prompts, ks, lengths, stops, pe
     measures each answer: snippet recall (the share of the answer snippet's content words in
     the answer; "present" at 0.6 or more), exact containment of the snippet, loops (a run of 8
     tokens written 3 or more times), answers the stop rule ended, refusals of unanswerable
-    questions and false refusals of answerable ones (README, "Answer quality").
+    questions and false refusals of answerable ones (docs/answer-quality.md).
 
     \b
     Example:
       ragspec eval --corpus docs/ --questions q.jsonl -k 2,4 --max-new-tokens 96,256
     """
-    from ragspec.bench import evaluate as ev
     from ragspec.bench.questions import BenchInputError, load_questions
+    from ragspec.eval import evaluate as ev
     from ragspec.pipeline import PipelineConfig
     from ragspec.prompts import DEFAULT_PROMPT
 
@@ -139,7 +139,7 @@ def eval_command(corpus, questions_file, models, prompts, ks, lengths, stops, pe
 @contextlib.contextmanager
 def _store(index: str | None, corpus: str):
     """(store, failed corpus files) with `corpus` ingested into `index` or a temporary index."""
-    from ragspec.bench.setup import ingest_corpus
+    from ragspec.bench.prepare import ingest_corpus
     from ragspec.commands.common import open_store
 
     with tempfile.TemporaryDirectory(prefix="ragspec-eval-") as scratch:
@@ -153,7 +153,7 @@ def _store(index: str | None, corpus: str):
 
 
 def _report(results: dict, out: str | None, as_json: bool) -> None:
-    from ragspec.bench import quality
+    from ragspec.eval import quality
 
     text = json.dumps(results, indent=1, ensure_ascii=False)
     if out:

@@ -78,7 +78,7 @@ def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperatur
         _remote(gen, text, config, loaded.name, as_json)
         return
 
-    from ragspec.decoding.model import chat_prompt_ids
+    from ragspec.models.load import chat_prompt_ids
 
     if raw:
         prompt_ids = loaded.tokenizer(text)["input_ids"]

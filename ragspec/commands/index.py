@@ -16,7 +16,7 @@ import click
 
 from ragspec.commands.common import index_option, json_option, open_store, search_mode_option
 from ragspec.retrieval.errors import RetrievalError, UnknownDocumentError
-from ragspec.retrieval.limits import size_text
+from ragspec.retrieval.readers.limits import size_text
 from ragspec.terminal import printable
 
 
@@ -97,13 +97,13 @@ def ingest(paths_: tuple[str, ...], index: str | None, recursive: bool, follow_s
     is locked only while committing; another writer waits for its turn.
 
     \b
-    Limits per file (environment variables; see the README):
+    Limits per file (environment variables; see docs/documents-and-search.md):
       RAGSPEC_MAX_FILE_MB (50), RAGSPEC_MAX_PDF_PAGES (2000), RAGSPEC_MAX_CHARS (10000000),
       RAGSPEC_MAX_UNZIPPED_MB (128), RAGSPEC_MAX_ZIP_RATIO (200)
     """
-    from ragspec.retrieval import ocr as ocr_settings
     from ragspec.retrieval.ingest import ingest_paths
-    from ragspec.retrieval.limits import IngestLimits
+    from ragspec.retrieval.readers import ocr as ocr_settings
+    from ragspec.retrieval.readers.limits import IngestLimits
 
     try:
         limits = IngestLimits.from_env()

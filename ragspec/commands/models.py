@@ -2,7 +2,7 @@
 
 One line per model: the spec to pass as --model, its size, quantisation and architecture read
 from the GGUF header, and whether ragspec can run it (else the reason, in one line). Reads files
-only (ragspec.decoding.local_models); exit status 0 also when nothing is found.
+only (ragspec.models.local); exit status 0 also when nothing is found.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import click
 
 from ragspec.commands.common import json_option
-from ragspec.retrieval.limits import size_text
+from ragspec.retrieval.readers.limits import size_text
 from ragspec.terminal import printable
 
 
@@ -21,7 +21,7 @@ def _status(path) -> tuple[dict, str | None]:
     here; the quantisation and tokenizer are checked when the model is loaded."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    from ragspec.decoding.local_models import LocalModelError, describe
+    from ragspec.models.local import LocalModelError, describe
 
     try:
         facts = describe(path)
@@ -44,7 +44,7 @@ def models(as_json: bool) -> None:
     Use one with --model ollama:NAME[:TAG] or --model lmstudio:NAME: the GGUF file is read
     where the tool keeps it, never copied.
     """
-    from ragspec.decoding.local_models import (
+    from ragspec.models.local import (
         LocalModelError,
         discover,
         lmstudio_roots,

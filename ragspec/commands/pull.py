@@ -27,8 +27,8 @@ def pull(model_id: str, revision: str | None, as_json: bool) -> None:
     weights are never downloaded, and a model that has no safetensors is refused. An interrupted
     download resumes when pulled again.
     """
-    from ragspec.decoding.hub import HubError
-    from ragspec.decoding.hub import pull as download
+    from ragspec.models.hub import HubError
+    from ragspec.models.hub import pull as download
 
     try:
         folder, files = download(model_id, revision)

@@ -4,7 +4,7 @@ transformers' sdpa path handles grouped-query attention (fewer KV heads than que
 broadcasting when there is no mask (prefill) or one query token (plain decoding), but for
 several query tokens with a mask — exactly a verify forward over [last token + draft] — it
 repeats K and V across head groups: a copy of the whole cache in every layer, every step (the
-README's "How it works" gives what it cost on one machine). SDPA's enable_gqa broadcasts
+docs/how-it-works.md gives what it cost on one machine). SDPA's enable_gqa broadcasts
 instead; the math is the same attention.
 
 The broadcast is used on the CPU only, where it was measured: on CUDA, SDPA with both a mask and

@@ -10,7 +10,7 @@ whose forward takes no KV cache at all (it cannot be driven step by step).
 
 Full attention (GrowingLayer). transformers' DynamicLayer appends each step's keys and values
 with torch.cat: every forward copies every layer's whole cache, a cost that grows with the
-context (the README's "How it works" gives a measured share). GrowingLayer keeps one buffer per layer with spare room, writes the new
+context (docs/how-it-works.md gives a measured share). GrowingLayer keeps one buffer per layer with spare room, writes the new
 positions into it and hands attention a view of the filled part. Cropping only moves the fill
 mark.
 

@@ -3,7 +3,7 @@
 Contract: works on token ids in, Spans and GenerationStats out; batch size 1. With greedy
 sampling the token ids equal `model.generate(do_sample=False)` for the same model and prompt,
 speculation on or off (up to fp32 rounding of a k-token forward against k one-token forwards;
-see README "Exactness"). With sampling, drafts are accepted by the point-mass rule in
+see docs/how-it-works.md, "Exactness"). With sampling, drafts are accepted by the point-mass rule in
 ragspec.decoding.sampling, which leaves the output distribution unchanged.
 
 One step, with the KV cache holding every token but the last:
@@ -38,7 +38,7 @@ from ragspec.decoding.sampling import (
     apply_repeat_penalty,
     next_token,
 )
-from ragspec.decoding.text import SpanText
+from ragspec.decoding.spans import SpanText
 from ragspec.decoding.types import (
     GenerationConfig,
     GenerationResult,
@@ -63,7 +63,7 @@ class Generator:
             of the generator, never inside a generation; returns the new curve, or None when
             the machine was too busy to measure.
         speculation_off_reason: set for models whose cache cannot be rolled back
-            (ragspec.decoding.model): every stream then decodes without drafts."""
+            (ragspec.models.load): every stream then decodes without drafts."""
         self.model = model
         self.speculation_off_reason = speculation_off_reason
         self.tokenizer = tokenizer

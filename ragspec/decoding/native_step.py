@@ -93,7 +93,7 @@ class Variant:
     multipliers: bool = False  # Granite's embedding, residual, attention and logit multipliers
 
 
-# Families checked against their module forward by the test suite (tests/test_native_step.py).
+# Families checked against their module forward by the test suite (tests/decoding/test_native_step.py).
 FAMILIES: dict[str, Variant] = {
     "llama": Variant(), "mistral": Variant(), "qwen2": Variant(),
     "qwen3": Variant(qk_norm=True), "granite": Variant(multipliers=True), "smollm3": Variant(),

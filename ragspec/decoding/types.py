@@ -251,7 +251,7 @@ class RepeatConfig:
 
 
 # The product's stop rule: how answers end when they start repeating themselves (chosen with
-# `ragspec eval` on data/realdocs/dev; README, "Answer quality"). The pipeline, the chat, the
+# `ragspec eval` on data/realdocs/dev; docs/answer-quality.md). The pipeline, the chat, the
 # server and the benchmark all apply it.
 ANSWER_REPEAT = RepeatConfig(stop_ngram=8, stop_count=2)
 

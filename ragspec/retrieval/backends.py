@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT
-from ragspec.retrieval.milvus_location import MilvusLocation
+from ragspec.retrieval.milvus.location import MilvusLocation
 
 DEFAULT_COLLECTION = "ragspec"
 FORMS = ("a folder, milvus:PATH.db (Milvus Lite), or milvus://HOST:PORT/COLLECTION (a Milvus "
@@ -67,10 +67,10 @@ def open_index(value: str | os.PathLike, embedder=None, *,
                lock_timeout: float = DEFAULT_LOCK_TIMEOUT):
     """The store `value` names (a folder path or a Milvus location)."""
     if is_milvus(value):
-        from ragspec.retrieval.milvus_store import MilvusStore
+        from ragspec.retrieval.milvus.store import MilvusStore
 
         return MilvusStore.open(parse(str(value)), embedder, lock_timeout=lock_timeout)
-    from ragspec.retrieval.store import PassageStore
+    from ragspec.retrieval.faiss.store import PassageStore
 
     return PassageStore.open(value, embedder, lock_timeout=lock_timeout)
 
@@ -81,12 +81,12 @@ _peekers: dict[str, object] = {}  # Milvus location -> a store that reads only i
 def current_commit(value: str | os.PathLike) -> str | None:
     """The commit the index holds now (None: no index yet); one small read."""
     if is_milvus(value):
-        from ragspec.retrieval.milvus_store import MilvusStore
+        from ragspec.retrieval.milvus.store import MilvusStore
 
         key = str(value)
         if key not in _peekers:
             _peekers[key] = MilvusStore.peek(parse(key))
         return _peekers[key]._disk_commit()
-    from ragspec.retrieval import persist
+    from ragspec.retrieval.faiss import persist
 
     return persist.current_commit(Path(value).expanduser())

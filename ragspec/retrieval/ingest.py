@@ -39,12 +39,12 @@ from typing import Literal
 import numpy as np
 
 from ragspec.retrieval.errors import LoadError, RetrievalError, type_name
+from ragspec.retrieval.faiss.store import PassageEmbedder, PassageStore
 from ragspec.retrieval.layouts import layout_dir, missing_layout, save_layouts
-from ragspec.retrieval.limits import ENV_FOR, IngestLimits
-from ragspec.retrieval.loaders import SUPPORTED_SUFFIXES, load_bytes
 from ragspec.retrieval.passages import PassageDraft, SplitConfig, split_documents
+from ragspec.retrieval.readers.limits import ENV_FOR, IngestLimits
+from ragspec.retrieval.readers.loaders import SUPPORTED_SUFFIXES, load_bytes
 from ragspec.retrieval.sources import collect, read_once
-from ragspec.retrieval.store import PassageEmbedder, PassageStore
 
 __all__ = ["SUPPORTED_SUFFIXES", "IngestEvent", "IngestReport", "ingest_paths", "page_ranges",
            "default_max_file_bytes", "DEFAULT_COMMIT_FILES", "DEFAULT_COMMIT_SECONDS"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ragspec.retrieval.errors import IndexLockedError
-from ragspec.retrieval.persist import LOCK_NAME
+from ragspec.retrieval.faiss.persist import LOCK_NAME
 
 DEFAULT_LOCK_TIMEOUT = 600.0
 WAIT_MESSAGE = "waiting for another ragspec process to finish writing the index..."

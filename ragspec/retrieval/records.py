@@ -1,7 +1,7 @@
 """The plain records the store hands out: Passage, Hit, DocumentInfo.
 
 Immutable, validated on construction, free of LangChain and FAISS types, so the pipeline and the
-UI can keep and compare them freely. Import them from `ragspec.retrieval.store` (re-exported there).
+UI can keep and compare them freely. Import them from `ragspec.retrieval.faiss.store` (re-exported there).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragspec.retrieval.errors import LoadError
-from ragspec.retrieval.limits import ENV_FOR, size_text
-from ragspec.retrieval.loaders import supported, unsupported_message
+from ragspec.retrieval.readers.limits import ENV_FOR, size_text
+from ragspec.retrieval.readers.loaders import supported, unsupported_message
 
 
 @dataclass

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragspec.citations import Citer
-from ragspec.decoding.model import chat_prompt_ids
 from ragspec.decoding.scheduler import QueueFull, Request, Scheduler, SchedulerClosed
 from ragspec.decoding.types import GenerationConfig, SourceRegion
+from ragspec.models.load import chat_prompt_ids
 from ragspec.pipeline import NoDocumentsError, Pipeline, PipelineConfig, passages_to_dicts
 from ragspec.search import NOT_IN_DOCUMENTS, hits_to_dicts
 from ragspec.serve.errors import APIError

@@ -34,9 +34,9 @@ import time
 from dataclasses import dataclass, replace
 
 from ragspec.accounts import policy
-from ragspec.decoding.model import ModelNotFound
 from ragspec.decoding.scheduler import scheduler_for
 from ragspec.decoding.types import DraftConfig, GenerationConfig, SamplingConfig
+from ragspec.models.load import ModelNotFound
 from ragspec.pipeline import PipelineConfig
 from ragspec.remote import pipeline_for
 from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS, retrieve

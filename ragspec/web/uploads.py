@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ragspec.fileio import write_atomically
 from ragspec.retrieval.errors import RetrievalError
-from ragspec.retrieval.limits import size_text
+from ragspec.retrieval.readers.limits import size_text
 
 NAME_BYTES = 200  # under the 255 bytes file systems allow, with room for a temporary name
 DIGEST_CHARS = 16  # 64 bits of the sha256: distinct contents never meet in practice

@@ -232,7 +232,7 @@ static inline __attribute__((always_inline)) void rows_block(const __m512i* w, _
 }
 
 // How far ahead of the kernel a tile's bytes are requested, and into which cache. Measured on a
-// 2-core Xeon (AVX-512, AMX; scripts/kernel_bench.py --copies 24: SmolLM2-1.7B-shaped weights
+// 2-core Xeon (AVX-512, AMX; benchmarks/kernel_bench.py --copies 24: SmolLM2-1.7B-shaped weights
 // streaming from memory): requests into L2 (prefetcht1) 2 KiB ahead made one-row products
 // 1.08-1.36x faster than requests into L1 8 KiB ahead (Q8_0 least, Q4_0 most: those fill L1's
 // few miss buffers and stall the loads the kernel waits on), two-row products 1.07-1.33x, and

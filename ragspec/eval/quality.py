@@ -1,0 +1,162 @@
+"""Answer-quality measures for `ragspec eval`: does an answer hold its question's answer snippet,
+does it repeat itself, did it refuse — per question, summed per setting, and as a table.
+
+Contract: plain data in (the answer's text and token ids, the question's snippets), plain dicts
+and text out; no model, no click. The measures, as docs/answer-quality.md states them:
+
+  * snippet recall: the share of the snippet's distinct content words (lowercased runs of
+    letters and digits, English function words left out) that occur anywhere in the answer;
+    a question with several snippets pools their words. "snippet present": recall >= 0.6.
+  * exact: every snippet occurs in the answer verbatim, up to case and whitespace.
+  * loops: some run of 8 of the model's tokens occurs 3 or more times in the answer (overlaps
+    count) — in the text the user is shown. Answers the stop rule ended are counted apart
+    ("repetition stops"): the model was looping there, and the user saw the start of it.
+  * repeated share: the share of an answer's tokens inside an 8-token run it already wrote.
+  * refused: the relevance floor refused the question (no answer generated), or the answer
+    says it does not know (REFUSAL). Wanted for unanswerable questions; a false refusal for
+    answerable ones.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Sequence
+
+from ragspec.decoding.repetition import max_repeats, repeated_share
+
+LOOP_NGRAM = 8
+LOOP_TIMES = 3
+PRESENT_RECALL = 0.6
+
+_WORD = re.compile(r"[a-z0-9]+")
+# Function words carry no answer content; counting them would credit any fluent sentence.
+STOPWORDS = frozenset("""
+a an the and or but if then else of to in on at by for with from as is are was were be been
+being it its this that these those there here which who whom what when where how why not no
+do does did so than too very can could will would should may might must shall i you he she
+we they them their our your my me us his her also only just any all each both such into out
+over under about after before between through during up down off again further once more most
+other some own same has have had having
+""".split())
+# An answer that declines: what the instruction asks the model to say when the passages do
+# not hold the answer, and the usual ways small models say it.
+REFUSAL = re.compile(
+    r"\b(?:i|we) (?:do not|don't|cannot|can't|could not|couldn't) (?:know|find|answer|say|tell)\b"
+    r"|\b(?:passages?|documents?|text|context|sources?) (?:do|does|did) not (?:contain|mention|"
+    r"say|include|provide|answer)\b"
+    r"|\bno (?:information|mention)\b|\bnot enough information\b"
+    r"|\bnot (?:mentioned|provided|given|stated) in the (?:passages?|documents?|text|context)\b"
+    r"|\bi(?:'m| am) sorry\b",
+    re.IGNORECASE)
+
+
+def content_words(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
+
+
+def snippet_recall(answer: str, snippets: Sequence[str]) -> float | None:
+    """The share of the snippets' distinct content words found in the answer (None: the
+    snippets have no content word)."""
+    wanted = {w for s in snippets for w in content_words(s)}
+    if not wanted:
+        return None
+    have = set(content_words(answer))
+    return len(wanted & have) / len(wanted)
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def contains_all(answer: str, snippets: Sequence[str]) -> bool:
+    """Every snippet occurs in the answer, up to case and whitespace."""
+    body = _squash(answer)
+    return bool(snippets) and all(_squash(s) in body for s in snippets)
+
+
+def says_unknown(answer: str) -> bool:
+    return REFUSAL.search(answer) is not None
+
+
+def measure(*, answers: Sequence[str], unanswerable: bool, floor_refused: bool, text: str,
+            token_ids: Sequence[int], stop_reason: str) -> dict:
+    """The per-question measures (see the module docstring)."""
+    refused = floor_refused or says_unknown(text)
+    recall = None
+    if answers:
+        recall = 0.0 if floor_refused else snippet_recall(text, answers)
+    return {
+        "recall": recall,
+        "present": recall is not None and recall >= PRESENT_RECALL,
+        "exact": bool(answers) and not floor_refused and contains_all(text, answers),
+        "loops": max_repeats(token_ids, LOOP_NGRAM) >= LOOP_TIMES,
+        "repetition_stop": stop_reason == "repetition",
+        "repeated_share": repeated_share(token_ids, LOOP_NGRAM),
+        "refused": refused,
+    }
+
+
+def _share(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def summarize(records: Sequence[dict]) -> dict:
+    """One setting's totals over its question records (each: the `measure` keys plus
+    "unanswerable", "new_tokens", "accepted_tokens", "from_passages", "from_answer",
+    "identical")."""
+    answerable = [r for r in records if not r["unanswerable"]]
+    generated = [r for r in records if not r["floor_refused"]]
+    recalls = [r["recall"] for r in answerable if r["recall"] is not None]
+    tokens = sum(r["new_tokens"] for r in generated)
+    compared = [r["identical"] for r in records if r.get("identical") is not None]
+    return {
+        "questions": len(records),
+        "answerable": len(answerable),
+        "unanswerable": len(records) - len(answerable),
+        "mean_recall": statistics.fmean(recalls) if recalls else None,
+        "median_recall": statistics.median(recalls) if recalls else None,
+        "present": sum(r["present"] for r in answerable),
+        "exact": sum(r["exact"] for r in answerable),
+        "generated": len(generated),
+        "loops": sum(r["loops"] for r in generated),
+        "repetition_stops": sum(r["repetition_stop"] for r in generated),
+        "mean_repeated_share": (statistics.fmean(r["repeated_share"] for r in generated)
+                                if generated else None),
+        "unanswerable_refused": sum(r["refused"] for r in records if r["unanswerable"]),
+        "false_refusals": sum(r["refused"] for r in answerable),
+        "mean_new_tokens": tokens / len(generated) if generated else None,
+        "accepted_share": _share(sum(r["accepted_tokens"] for r in generated), tokens),
+        "from_passages_share": _share(sum(r["from_passages"] for r in generated), tokens),
+        "from_answer_share": _share(sum(r["from_answer"] for r in generated), tokens),
+        "identical": sum(compared) if compared else None,
+        "compared": len(compared),
+    }
+
+
+def _pct(part, whole) -> str:
+    return "-" if part is None or not whole else f"{part}/{whole}"
+
+
+def _num(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(results: dict) -> str:
+    """One row per model and setting (Markdown-compatible)."""
+    header = ("| model | setting | snippet recall mean / median | present (≥0.6) | exact | loops "
+              "| repetition stops | unanswerable refused | false refusals | mean tokens "
+              "| drafts: passage / own answer | identical on/off |")
+    lines = [header, "|" + "---|" * 12]
+    for run in results["runs"]:
+        s = run["summary"]
+        lines.append(
+            f"| {run['model'].split(' (')[0]} | {run['setting']['label']} "
+            f"| {_num(s['mean_recall'], '.2f')} / {_num(s['median_recall'], '.2f')} "
+            f"| {_pct(s['present'], s['answerable'])} | {_pct(s['exact'], s['answerable'])} "
+            f"| {_pct(s['loops'], s['generated'])} | {_pct(s['repetition_stops'], s['generated'])} "
+            f"| {_pct(s['unanswerable_refused'], s['unanswerable'])} "
+            f"| {_pct(s['false_refusals'], s['answerable'])} | {_num(s['mean_new_tokens'], '.0f')} "
+            f"| {_num(s['from_passages_share'], '.0%')} / {_num(s['from_answer_share'], '.0%')} "
+            f"| {_pct(s['identical'], s['compared'])} |")
+    return "\n".join(lines)

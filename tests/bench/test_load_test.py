@@ -1,0 +1,42 @@
+"""ragspec/bench/load_test.py end to end on a small scale: a tiny model folder, two questions, one and
+two clients, the fault cases and the `ragspec ask` anchor (the real command in its own
+process; the bundled embedder indexes the documents)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import serve_support
+from conftest import make_tiny_model, save_model_folder
+
+from ragspec.bench import load_test
+
+pytestmark = pytest.mark.slow
+
+
+def test_load_test_reports_levels_faults_and_the_ask_anchor(tmp_path, tiny_tokenizer,
+                                                            monkeypatch):
+    monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
+    model = save_model_folder(make_tiny_model(len(tiny_tokenizer)), tiny_tokenizer,
+                              tmp_path / "tiny")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "daemon.txt").write_text(serve_support.DOC)
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question": q, "kind": "copy"}) + "\n" for q in
+                                 ("Which port does the metrics endpoint use?",
+                                  "When do backups run?")))
+    out = tmp_path / "report.json"
+    status = load_test.main(["--corpus", str(corpus), "--questions", str(questions),
+                             "--clients", "1,2", "--max-tokens", "12", "--model", str(model),
+                             "--faults", "--malformed", "24", "--anchor", "1",
+                             "--max-seconds", "600", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert status == 0, report["failures"]
+    two = report["levels"]["2"]
+    assert two["requests"] == 2 and two["all_complete"] and two["identical_to_solo"]
+    assert two["ttft_p95_s"] > 0 and two["aggregate_tokens_per_s"] > 0
+    assert report["disconnect"]["ok"] and report["kill_restart"]["ok"]
+    assert report["malformed"]["sent"] == 24 and report["malformed"]["bad_count"] == 0
+    assert report["anchor"][0]["identical"] is True
