@@ -11,7 +11,7 @@ export RAGSPEC_HOME ?= $(CURDIR)/.ragspec-home
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install test test-fast demo lint bench bench-anchors clean chromium ocr testdocs screenshot
+.PHONY: install test test-fast demo lint bench bench-anchors clean chromium ocr testdocs screenshot docs
 
 install: $(STAMP)
 
@@ -104,6 +104,13 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/ragspec ingest data/corpus
 	$(VENV)/bin/ragspec ui
+
+# The documentation site: docs/ as HTML in site/ (MkDocs, pinned in requirements-docs.txt, into
+# the project's venv). --strict: a broken link, a missing page or a dead anchor fails the build.
+docs:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements-docs.txt
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .pytest_cache
