@@ -117,7 +117,7 @@ def test_make_bench_anchors_uses_the_flags_for_this_cpu(tmp_path):
         # the native anchors are built for the same CPU, with the same AMX verdict
         for anchor in ("llama.cpp", "ik_llama.cpp"):
             build = next(line for line in out.splitlines()
-                         if "anchor_build build" in line and anchor in line.split())
+                         if "anchors.build build" in line and anchor in line.split())
             assert f"--cpuinfo {cpuinfo(tmp_path, cpu)}" in build
             assert f"--amx {usable}" in build
 
