@@ -90,10 +90,12 @@ class Generator:
         self._prefix: prefix_cache.PrefixCache | None = None  # made on the first prompt read
 
     @classmethod
-    def from_loaded(cls, loaded, cost: ForwardCost | None = None, recalibrate=None) -> Generator:
+    def from_loaded(cls, loaded, cost: ForwardCost | None = None, recalibrate=None,
+                    prompt_cache_bytes: int | None = None) -> Generator:
         return cls(loaded.model, loaded.tokenizer, eos_token_ids=sorted(loaded.eos_token_ids),
                    cost=cost, recalibrate=recalibrate,
-                   speculation_off_reason=getattr(loaded, "speculation_off_reason", None))
+                   speculation_off_reason=getattr(loaded, "speculation_off_reason", None),
+                   prompt_cache_bytes=prompt_cache_bytes)
 
     @property
     def context_length(self) -> int:
