@@ -14,6 +14,7 @@ import functools
 import os
 from pathlib import Path
 
+PROMPT_CACHE_ENV = "RAGSPEC_PROMPT_CACHE_MB"  # = ragspec.decoding.prefix_cache.ENV, without torch
 EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = ragspec.retrieval.embeddings.embedder.ENV_VAR, without importing it
 
 
@@ -26,26 +27,35 @@ def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
 
 def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
                    max_draft: int = 16, *, device: str | None = None, exact: bool = False,
-                   weights: str = "auto"):
+                   weights: str = "auto", prompt_cache_bytes: int | None = None):
     """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2); weights as for
-    ragspec.models.load.load_model."""
+    ragspec.models.load.load_model; prompt_cache_bytes as for generator_for."""
     from ragspec.models.load import load_model
 
     cache = model_cache_dir(cache_dir)
     loaded = load_model(model, cache, device=device, exact=exact, weights=weights)
-    return loaded, generator_for(loaded, cache, max_draft)
+    return loaded, generator_for(loaded, cache, max_draft, prompt_cache_bytes=prompt_cache_bytes)
 
 
-def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16):
+def timing_prompt_cache() -> int | None:
+    """The prompt cache's budget for commands that time repeated prompts (bench, eval): off
+    (0), so a second method or repeat does not read its prompt from the first one's pages,
+    unless RAGSPEC_PROMPT_CACHE_MB (--prompt-cache-mb) asks for it (None: that budget)."""
+    return None if os.environ.get(PROMPT_CACHE_ENV, "").strip() else 0
+
+
+def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16, *,
+                  prompt_cache_bytes: int | None = None):
     """The Generator for a LoadedModel, with this machine's forward-cost curve (measured on the
     first use of this model, device and dtype; cached in the model cache, measured again when
-    live step times disagree with it)."""
+    live step times disagree with it). prompt_cache_bytes: its prompt cache's budget (None:
+    ragspec.decoding.prefix_cache.budget_bytes, 0: off)."""
     from ragspec.decoding.calibrate import load_or_measure, measure_and_save
     from ragspec.decoding.engine import Generator
 
     if loaded.speculation_off_reason is not None:
         # a model that cannot speculate never uses the curve (nor could measure it)
-        return Generator.from_loaded(loaded)
+        return Generator.from_loaded(loaded, prompt_cache_bytes=prompt_cache_bytes)
     cache = model_cache_dir(cache_dir)
     sizes = max_draft + 1
     cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, sizes, cache)
@@ -54,7 +64,8 @@ def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft:
         fresh = measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes, cache)
         return None if fresh.noisy else fresh.cost
 
-    return Generator.from_loaded(loaded, cost=cost, recalibrate=recalibrate)
+    return Generator.from_loaded(loaded, cost=cost, recalibrate=recalibrate,
+                                 prompt_cache_bytes=prompt_cache_bytes)
 
 
 def describe_device(loaded) -> str:

@@ -50,9 +50,10 @@ def build_setup(model: str | None, corpus: str, index: str | None,
     of them when None), the same default. Raises ragspec.models.load.ModelNotFound and
     retrieval's RetrievalError; a corpus file or a question that fails is listed in
     Setup.failures and the rest go on. The caller stops the servers: Setup.close()."""
-    from ragspec.loading import describe_device, load_generator, open_store
+    from ragspec.loading import describe_device, load_generator, open_store, timing_prompt_cache
 
-    loaded, generator = load_generator(model, weights=weights)
+    loaded, generator = load_generator(model, weights=weights,
+                                       prompt_cache_bytes=timing_prompt_cache())
     stock = None
     wants_hf = methods is None or any(m.startswith("hf_") for m in methods)
     if loaded.weights not in ("fp32", "bf16") and wants_hf:

@@ -18,7 +18,7 @@ from ragspec.bench import runner as core
 from ragspec.bench import summary as summary
 from ragspec.bench.anchors.llama_server import SERVER_METHODS
 from ragspec.bench.anchors.llamacpp import LLAMACPP_METHODS
-from ragspec.commands.common import corpus_option, limit_option
+from ragspec.commands.common import corpus_option, limit_option, prompt_cache_option
 from ragspec.models.weights import WEIGHTS
 
 
@@ -77,6 +77,7 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
               help="The engine's weights (see `ragspec ask --help`); with packed weights the "
                    "transformers baselines run the de-quantised fp32 model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
+@prompt_cache_option
 def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
           limit: int | None, index: str | None, out: str | None, plot_path: str | None,
           repeats: int, llamacpp: bool | None, llama_server: bool | None, methods: str | None,

@@ -4,6 +4,8 @@ store opener, and the generation config built from options. Errors become one cl
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ragspec import paths
@@ -46,10 +48,32 @@ min_score_option = click.option(
 )
 
 
+PROMPT_CACHE_ENV = "RAGSPEC_PROMPT_CACHE_MB"  # = ragspec.decoding.prefix_cache.ENV, without torch
+
+
+def _set_prompt_cache(ctx, param, value):
+    if value is not None:  # read where the generator is made (prefix_cache.budget_bytes)
+        os.environ[PROMPT_CACHE_ENV] = str(value)
+    return value
+
+
+def prompt_cache_option(f):
+    """--prompt-cache-mb N: the prompt cache's budget for the generators this command makes."""
+    return click.option(
+        "--prompt-cache-mb", type=click.IntRange(min=0), default=None, metavar="MB",
+        expose_value=False, is_eager=True, callback=_set_prompt_cache,
+        help="Memory for the keys and values of prompts already read, so a prompt that starts "
+             "like an earlier one reads only the rest (exact: used only where a prompt read "
+             "in pieces equals one read whole). 0 turns it off; default: min(RAM/16, 8 "
+             "contexts of the model).")(f)
+
+
 def model_options(f):
-    """--model/--weights/--device/--exact, shared by the commands that load the generator."""
+    """--model/--weights/--device/--exact/--prompt-cache-mb, shared by the commands that load
+    the generator."""
     from ragspec.models.weights import WEIGHTS
 
+    f = prompt_cache_option(f)
     f = click.option("--exact", is_flag=True,
                      help="On a GPU: fp32 instead of bf16, so greedy output matches "
                           "model.generate token for token (on a CPU it always does).")(f)
@@ -127,7 +151,8 @@ def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_ad
 
 def generator_from_options(model_spec: str | None, device: str | None = None, exact: bool = False,
                            max_draft: int = 16, quiet: bool = False, weights: str = "auto",
-                           generator_url: str | None = None):
+                           generator_url: str | None = None,
+                           prompt_cache_bytes: int | None = None):
     """Load as ragspec.loading.load_generator does, with progress notes on stderr and errors as one
     clear line.
     A model that cannot speculate (its layers cannot be rolled back) is said so once.
@@ -167,7 +192,7 @@ def generator_from_options(model_spec: str | None, device: str | None = None, ex
         click.echo(loaded.speculation_note, err=True)
     elif not quiet and not (cache / COSTS_FILE).is_file():
         click.echo("Measuring this machine's forward cost once (a few seconds)...", err=True)
-    return loaded, generator_for(loaded, cache, max_draft)
+    return loaded, generator_for(loaded, cache, max_draft, prompt_cache_bytes=prompt_cache_bytes)
 
 
 def open_store(index: str | None, *, with_embedder: bool = True,

@@ -21,8 +21,10 @@ from ragspec.commands.common import (
     generator_from_options,
     limit_option,
     min_score_option,
+    prompt_cache_option,
     reuse_index_option,
 )
+from ragspec.loading import timing_prompt_cache
 
 
 def _list(kind):
@@ -84,6 +86,7 @@ def _stop(text: str) -> tuple[int, int]:
 @click.option("--out", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="Write the results object (JSON) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
+@prompt_cache_option
 def eval_command(corpus, questions_file, models, prompts, ks, lengths, stops, penalties,
                  penalty_last_n, speculation, min_score, limit, index, out, as_json):
     """Measure answer quality on a question set, per model and setting.
@@ -119,7 +122,8 @@ def eval_command(corpus, questions_file, models, prompts, ks, lengths, stops, pe
     with _store(index, corpus) as (store, failures):
         runs = []
         for spec in models or (None,):
-            loaded, gen = generator_from_options(spec, quiet=as_json)
+            loaded, gen = generator_from_options(spec, quiet=as_json,
+                                                 prompt_cache_bytes=timing_prompt_cache())
             total = len(settings) * len(questions)
             with click.progressbar(length=total, label=f"Evaluating {loaded.name}",
                                    show_pos=True, show_eta=True, item_show_func=lambda i: i,

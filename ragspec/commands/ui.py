@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from ragspec.commands.common import prompt_cache_option
+
 UI_SCRIPT = Path(__file__).resolve().parents[1] / "web" / "page.py"
 # The folder that holds the ragspec package (the checkout, or site-packages when installed).
 REPO_ROOT = UI_SCRIPT.parents[2]
@@ -94,6 +96,7 @@ def sign_in_mode(host: str, no_auth: bool) -> str:
 @click.option("--no-auth", is_flag=True,
               help="Serve without sign-in even on a network address (prints a warning on "
                    "every start). Without it, another address than loopback needs an account.")
+@prompt_cache_option  # read by the server's generators through the environment it inherits
 def ui(port, host, index, models, max_loaded, no_auth):
     """Start the chat app in the browser: upload documents, ask, watch copied spans light up.
 

@@ -86,8 +86,9 @@ class BatchSequence:
             self.stream._policy = own
             self._cost = own.cost
         self.prompt = self.stream.prompt_ids
-        self.prefilled = 0  # prompt positions already in the cache
-        self.started: float | None = None  # when its first prompt chunk ran
+        self.started = time.perf_counter()  # when its prompt read began
+        # prompt positions already in the cache: those the prompt cache had, to begin with
+        self.prefilled = self.stream._reuse_prompt()
         self.first_token_at: float | None = None
         self._plan: tuple | None = None  # this step's (kind, match, draft)
 
@@ -125,8 +126,6 @@ class BatchSequence:
 
     def plan_prefill(self, budget: int) -> Block:
         """The next prompt chunk of at most `budget` rows."""
-        if self.started is None:
-            self.started = time.perf_counter()
         end = min(len(self.prompt), self.prefilled + budget)
         self._plan = ("prefill", end, None)
         return Block(self.cache, self.prompt[self.prefilled:end], self.prefilled,
@@ -151,6 +150,7 @@ class BatchSequence:
             self.prefilled = a
             if self.prefilling:
                 return Outcome()
+            stream._keep_prompt()
             step = Step([next_token(logits[-1], stream.config.sampling, stream._uniforms)])
             self.first_token_at = time.perf_counter()
             stream.stats.prefill_seconds = stream.stats.ttft_seconds = (

@@ -24,6 +24,7 @@ from functools import partial
 
 import torch
 
+from ragspec.decoding import prefix_cache
 from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.calibrate import CostWatch
 from ragspec.decoding.ngram import Match, NgramIndex, WordKeys
@@ -55,7 +56,8 @@ class Generator:
     def __init__(self, model, tokenizer, *, eos_token_ids: Sequence[int] = (),
                  cost: ForwardCost | None = None,
                  recalibrate: Callable[[], ForwardCost | None] | None = None,
-                 speculation_off_reason: str | None = None):
+                 speculation_off_reason: str | None = None,
+                 prompt_cache_bytes: int | None = None):
         """cost: this machine's forward-cost curve (None: every forward costs the same).
         recalibrate: measures the curve again (None when the curve is not this machine's);
             due when live step times disagreed with `cost` at the end of two generations in a
@@ -63,7 +65,9 @@ class Generator:
             of the generator, never inside a generation; returns the new curve, or None when
             the machine was too busy to measure.
         speculation_off_reason: set for models whose cache cannot be rolled back
-            (ragspec.models.load): every stream then decodes without drafts."""
+            (ragspec.models.load): every stream then decodes without drafts.
+        prompt_cache_bytes: the budget of the prompt cache every stream of this generator
+            shares (ragspec.decoding.prefix_cache; None: prefix_cache.budget_bytes, 0: off)."""
         self.model = model
         self.speculation_off_reason = speculation_off_reason
         self.tokenizer = tokenizer
@@ -82,12 +86,16 @@ class Generator:
         self.recalibration_due = False
         self._policies: dict = {}  # DraftConfig -> DraftPolicy; learning persists across calls
         self.word_keys = WordKeys(tokenizer.decode)  # the drafter's word variants
+        self._prompt_cache_bytes = prompt_cache_bytes
+        self._prefix: prefix_cache.PrefixCache | None = None  # made on the first prompt read
 
     @classmethod
-    def from_loaded(cls, loaded, cost: ForwardCost | None = None, recalibrate=None) -> Generator:
+    def from_loaded(cls, loaded, cost: ForwardCost | None = None, recalibrate=None,
+                    prompt_cache_bytes: int | None = None) -> Generator:
         return cls(loaded.model, loaded.tokenizer, eos_token_ids=sorted(loaded.eos_token_ids),
                    cost=cost, recalibrate=recalibrate,
-                   speculation_off_reason=getattr(loaded, "speculation_off_reason", None))
+                   speculation_off_reason=getattr(loaded, "speculation_off_reason", None),
+                   prompt_cache_bytes=prompt_cache_bytes)
 
     @property
     def context_length(self) -> int:
@@ -124,6 +132,26 @@ class Generator:
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None,
                  **kwargs) -> GenerationResult:
         return self.stream(prompt_ids, config, **kwargs).result()
+
+    def prompt_cache(self) -> tuple[prefix_cache.PrefixCache | None, str]:
+        """The prompt cache prompt reads use now, or None and why not (the path is not
+        exact piece by piece, prefix_cache.problem, or the budget is 0). Asked at every read:
+        the prompt-read path is a fact of the process, but tests switch it."""
+        reason = prefix_cache.problem(self.model)
+        if reason is not None:
+            return None, reason
+        if self._prefix is None:
+            budget = self._prompt_cache_bytes
+            self._prefix = prefix_cache.PrefixCache(
+                prefix_cache.budget_bytes(self.model) if budget is None else budget)
+        if self._prefix.budget_bytes == 0:
+            return None, "turned off (a prompt cache of 0 MB)"
+        return self._prefix, ""
+
+    def prompt_cache_stats(self) -> dict:
+        """The prompt cache's counters (prefix_cache.PrefixStats), or why it is off."""
+        cache, why = self.prompt_cache()
+        return cache.stats().as_dict() if cache is not None else {"off": why}
 
     def policy_for(self, config: GenerationConfig) -> DraftPolicy:
         key = config.draft
@@ -224,6 +252,7 @@ class GenerationStream:
         # declined proposals, learnt from as the model writes on
         self._shadow = DraftShadow(self._policy) if self._policy is not None else None
         self._cache = None
+        self._prefix: prefix_cache.PrefixCache | None = None  # where its prompt is kept
         repeat = config.repeat
         self._guard = (RepetitionGuard(repeat.stop_ngram, repeat.stop_count)
                        if repeat is not None and repeat.stop_ngram else None)
@@ -290,9 +319,26 @@ class GenerationStream:
 
     def _prefill(self) -> Step:
         self._cache = new_cache(self.gen.model)
-        logits = forward(self.gen.model, self.prompt_ids, self._cache, logits_to_keep=1)
+        start = self._reuse_prompt()
+        logits = forward(self.gen.model, self.prompt_ids[start:], self._cache, logits_to_keep=1)
+        self._keep_prompt()
         logits = self._penalised(logits, [])
         return Step([next_token(logits[-1], self.config.sampling, self._uniforms)])
+
+    def _reuse_prompt(self) -> int:
+        """Fill the fresh cache with the longest prefix of the prompt the generator's prompt
+        cache holds; returns the positions it holds now (the read starts there)."""
+        self._prefix, why = self.gen.prompt_cache()
+        self.stats.prompt_cache_off = why
+        if self._prefix is None:
+            return 0
+        self.stats.cached_prompt_tokens = self._prefix.restore(self.prompt_ids, self._cache)
+        return self.stats.cached_prompt_tokens
+
+    def _keep_prompt(self) -> None:
+        """Once the cache holds the whole prompt: keep its pages for later reads."""
+        if self._prefix is not None:
+            self._prefix.store(self.prompt_ids, self._cache)
 
     def _propose(self) -> tuple[Match | None, list[int]]:
         """A match from the drafter (or the forced sequence) and the draft worth verifying."""

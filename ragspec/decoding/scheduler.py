@@ -208,12 +208,14 @@ class Scheduler:
         return request
 
     def load(self) -> dict:
-        """How busy it is: active and waiting requests, the limits, and where the steps' time
-        went since it started ("steps": ragspec.decoding.batch.StepTimes)."""
+        """How busy it is: active and waiting requests, the limits, where the steps' time
+        went since it started ("steps": ragspec.decoding.batch.StepTimes) and the prompt
+        cache's counters ("prompt_cache": Generator.prompt_cache_stats)."""
         with self._cond:
             return {"active": len(self._active), "waiting": len(self._waiting),
                     "max_active": self.max_active, "max_waiting": self.max_waiting,
-                    "steps": self.times.as_dict()}
+                    "steps": self.times.as_dict(),
+                    "prompt_cache": self.gen.prompt_cache_stats()}
 
     def close(self, timeout: float = 10.0) -> None:
         """Take no more requests, stop the running ones at their next step (what was written is

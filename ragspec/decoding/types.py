@@ -91,8 +91,11 @@ class GenerationStats:
     forward_passes counts decode forwards after the prefill (prefill is one more forward).
     accepted_lengths[a] counts verify steps that accepted exactly a draft tokens (steps with
     a draft only). accepted_per_step lists, for every decode forward in order, the draft tokens
-    it accepted (0 for a step with no draft or a rejected one). seconds = prefill_seconds + decode_seconds. tokens_per_s is over the whole
-    time; decode_tokens_per_s counts tokens after the first over the time after the first.
+    it accepted (0 for a step with no draft or a rejected one). cached_prompt_tokens: prompt
+    positions that came from the prompt cache instead of being read (ragspec.decoding.prefix_cache);
+    prompt_cache_off: why the prompt cache was not used ("" when it was).
+    seconds = prefill_seconds + decode_seconds. tokens_per_s is over the whole time;
+    decode_tokens_per_s counts tokens after the first over the time after the first.
     """
 
     prompt_tokens: int = 0
@@ -106,6 +109,8 @@ class GenerationStats:
     decode_seconds: float = 0.0
     ttft_seconds: float = 0.0
     stop_reason: str = ""
+    cached_prompt_tokens: int = 0
+    prompt_cache_off: str = ""
 
     @property
     def seconds(self) -> float:
@@ -150,6 +155,8 @@ class GenerationStats:
             "tokens_per_s": self.tokens_per_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "stop_reason": self.stop_reason,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "prompt_cache_off": self.prompt_cache_off,
         }
 
 

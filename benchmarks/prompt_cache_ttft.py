@@ -1,0 +1,50 @@
+"""TTFT of a first read, an identical repeat and the chat's toggle (scheduler: spec off, then on),
+medians over the first N questions of data/questions.jsonl (RAGSPEC_HOME must hold an index of
+data/corpus). Usage: python benchmarks/prompt_cache_ttft.py [N]"""
+import json
+import os
+import resource
+import statistics
+import sys
+from dataclasses import replace
+
+from ragspec.decoding.packed import prefill_precision
+from ragspec.decoding.scheduler import scheduler_for
+from ragspec.decoding.types import DraftConfig, GenerationConfig
+from ragspec.loading import load_generator, open_store
+from ragspec.pipeline import Pipeline
+
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+loaded, gen = load_generator(None)
+store = open_store(os.environ["RAGSPEC_HOME"] + "/index")
+pipe = Pipeline(store, gen)
+qs = [json.loads(line) for line in open("data/questions.jsonl")][:n]
+base = GenerationConfig(max_new_tokens=32)
+off = pipe.answer_config(replace(base, draft=DraftConfig(enabled=False)))
+on = pipe.answer_config(base)
+rows = []
+for q in qs:
+    p = pipe.prepare(q["question"])
+    # the toggle, through the scheduler as the chat does: speculation off, then on
+    sched = scheduler_for(gen)
+    a = sched.submit(p.prompt_ids, off, sources=p.sources).result()
+    b = sched.submit(p.prompt_ids, on, sources=p.sources).result()
+    # an identical repeat through the engine ("ask again")
+    c = gen.generate(p.prompt_ids, on, sources=p.sources)
+    rows.append(dict(id=q["id"], prompt=len(p.prompt_ids), first=a.stats.ttft_seconds,
+                     toggle=b.stats.ttft_seconds, repeat=c.stats.ttft_seconds,
+                     cached_toggle=b.stats.cached_prompt_tokens, cached_repeat=c.stats.cached_prompt_tokens,
+                     off=a.stats.prompt_cache_off, same=b.token_ids == c.token_ids))
+    print(rows[-1], flush=True)
+
+
+def med(k):
+    return statistics.median(r[k] for r in rows)
+
+
+print(json.dumps(dict(precision=prefill_precision(), n=len(rows), prompt_tokens=med("prompt"),
+      first_ttft=med("first"), toggle_ttft=med("toggle"), repeat_ttft=med("repeat"),
+      toggle_ratio=statistics.median(r["toggle"] / r["first"] for r in rows),
+      repeat_ratio=statistics.median(r["repeat"] / r["first"] for r in rows),
+      maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      cache=gen.prompt_cache_stats())))

@@ -1,0 +1,280 @@
+"""Prompts read once: the keys and values of prompt prefixes already read, reused by later reads.
+
+Contract: a `PrefixCache` belongs to one loaded model (a Generator owns it). It holds pages of
+`PAGE_TOKENS` prompt positions, each keyed by a hash of ALL token ids up to the page's end and
+holding copies of that page's keys and values in every layer. `restore(prompt, cache)` writes
+the longest run of cached pages that prefixes `prompt` into a fresh cache and returns how many
+positions it wrote (a multiple of PAGE_TOKENS, always short of the prompt's last token, so the
+first token's logits come from a real forward); the caller reads the rest. `store(prompt,
+cache)` copies the prompt's whole pages out of a cache that holds (at least) the prompt. Memory
+stays within `budget_bytes`: least recently used pages go first, deepest pages of a chain
+before their prefixes (a lookup touches a chain from its end back to its start), so what is
+dropped is always a suffix and never strands reachable pages. A page that would not fit is not
+stored: a full budget costs misses, nothing else.
+
+Exact by construction, not by luck: a page is used only when its tokens equal the prompt's
+tokens at its place AND its parent is the very page (by serial number, not by hash) that
+matched the positions before it, so a hit is a prompt prefix equal token for token. Reuse is
+only switched on where reading a prompt in two pieces leaves the cache and the logits bit for
+bit as one read does (`problem(model)` is None): the native step's int8 prompt reads, whose
+every row is computed from that row alone (native_step.reads_prompts; the test suite checks the
+cache after a reuse against one whole read). On other paths `problem` says why it is off — the
+bf16 and fp32 prompt reads multiply a long prompt with de-quantised weights but a short rest
+with the int8 step kernels, and the module forward rounds a prompt's rows with the shapes of
+its forward — and GenerationStats.prompt_cache_off carries that line.
+
+Budget: `budget_bytes(model)`, the one reader of RAGSPEC_PROMPT_CACHE_MB (the CLI's
+--prompt-cache-mb sets it; 0 turns the cache off); default min(RAM / 16, 8 full contexts of the
+model's keys and values).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import threading
+from array import array
+from dataclasses import dataclass
+
+import torch
+
+PAGE_TOKENS = 64
+ENV = "RAGSPEC_PROMPT_CACHE_MB"
+_ROOT = b"ragspec-prefix"
+
+
+@dataclass
+class Page:
+    """One page: `tokens` at positions [index * PAGE_TOKENS, +PAGE_TOKENS); `kv` is
+    (layers, 2, kv_heads, PAGE_TOKENS, head_dim), keys then values, as the cache stores them."""
+
+    key: bytes
+    serial: int
+    parent: int  # the serial of the page before it (-1 for a prompt's first page)
+    tokens: tuple[int, ...]
+    kv: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+
+@dataclass
+class PrefixStats:
+    """Counters since the cache was made. A lookup is a prompt that could have been reused."""
+
+    budget_bytes: int = 0
+    bytes: int = 0
+    pages: int = 0
+    lookups: int = 0
+    hits: int = 0  # lookups that reused at least one page
+    prompt_tokens: int = 0  # over all lookups
+    cached_tokens: int = 0  # of those, read from the cache
+    stored_pages: int = 0
+    evicted_pages: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """The share of looked-up prompt tokens that came from the cache."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        return {"budget_bytes": self.budget_bytes, "bytes": self.bytes, "pages": self.pages,
+                "lookups": self.lookups, "hits": self.hits, "prompt_tokens": self.prompt_tokens,
+                "cached_tokens": self.cached_tokens, "hit_rate": round(self.hit_rate, 4),
+                "stored_pages": self.stored_pages, "evicted_pages": self.evicted_pages}
+
+
+def _key(parent: bytes, tokens) -> bytes:
+    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
+
+
+def _layers(cache) -> list:
+    return cache.layers
+
+
+class PrefixCache:
+    """See the module docstring. Thread-safe (the chat's and the server's scheduler thread and a
+    command's own calls may share one generator's cache, one at a time or not)."""
+
+    def __init__(self, budget_bytes: int, page_tokens: int = PAGE_TOKENS):
+        if budget_bytes < 0:
+            raise ValueError(f"the prompt cache budget must be >= 0 bytes, got {budget_bytes}")
+        self.page_tokens = page_tokens
+        self._pages: collections.OrderedDict[bytes, Page] = collections.OrderedDict()
+        self._stats = PrefixStats(budget_bytes=budget_bytes)
+        self._serial = 0
+        self._lock = threading.Lock()
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._stats.budget_bytes
+
+    def stats(self) -> PrefixStats:
+        with self._lock:
+            return PrefixStats(**vars(self._stats))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._pages.clear()
+            self._stats.bytes = self._stats.pages = 0
+
+    # -- lookup ---------------------------------------------------------------------------------
+
+    def _chain(self, prompt: list[int], limit: int) -> list[Page]:
+        """The cached pages prefixing prompt[:limit], first to last (lock held)."""
+        size, chain = self.page_tokens, []
+        key, parent = _ROOT, -1
+        for start in range(0, limit - size + 1, size):
+            tokens = prompt[start:start + size]
+            key = _key(key, tokens)
+            page = self._pages.get(key)
+            if page is None or page.parent != parent or page.tokens != tuple(tokens):
+                break
+            chain.append(page)
+            parent = page.serial
+        return chain
+
+    def _touch(self, chain: list[Page]) -> None:
+        for page in reversed(chain):  # the chain's start ends most recent: evicted last
+            self._pages.move_to_end(page.key)
+
+    def restore(self, prompt, cache) -> int:
+        """Write the longest cached prefix of `prompt` (never its last token) into `cache`, a
+        fresh cache of GrowingLayer layers; returns the positions written (0: a miss)."""
+        prompt = [int(t) for t in prompt]
+        with self._lock:
+            chain = self._chain(prompt, len(prompt) - 1)
+            self._touch(chain)
+            self._stats.lookups += 1
+            self._stats.prompt_tokens += len(prompt)
+            if not chain:
+                return 0
+            self._stats.hits += 1
+            positions = len(chain) * self.page_tokens
+            self._stats.cached_tokens += positions
+            kv = [page.kv for page in chain]  # the pages stay alive if evicted meanwhile
+        size = self.page_tokens
+        for i, layer in enumerate(_layers(cache)):
+            first = kv[0][i, 0].unsqueeze(0)
+            if not layer.is_initialized:
+                layer.lazy_initialization(first, first)
+            layer._reserve(positions, first, first)
+            for j, pages in enumerate(kv):
+                layer._key_buf[0, :, j * size:(j + 1) * size].copy_(pages[i, 0])
+                layer._value_buf[0, :, j * size:(j + 1) * size].copy_(pages[i, 1])
+            layer._length = positions
+        return positions
+
+    # -- store ----------------------------------------------------------------------------------
+
+    def store(self, prompt, cache) -> int:
+        """Keep the whole pages of `prompt` that `cache` holds and the cache does not yet have;
+        returns how many pages were added."""
+        prompt = [int(t) for t in prompt]
+        size = self.page_tokens
+        layers = _layers(cache)
+        full = min(len(prompt), layers[0].get_seq_length()) // size
+        if full == 0 or self.budget_bytes == 0:
+            return 0
+        with self._lock:
+            chain = self._chain(prompt, full * size)
+        # a page's bytes, from the cache's own layout; a prompt keeps the pages that fit
+        k0 = layers[0]._key_buf
+        per_page = len(layers) * 2 * k0.shape[1] * size * k0.shape[-1] * k0.element_size()
+        full = min(full, self.budget_bytes // per_page)
+        new: list[tuple[int, torch.Tensor]] = []
+        for index in range(len(chain), full):
+            a = index * size
+            kv = torch.empty((len(layers), 2, k0.shape[1], size, k0.shape[-1]), dtype=k0.dtype)
+            for i, layer in enumerate(layers):
+                kv[i, 0].copy_(layer._key_buf[0, :, a:a + size])
+                kv[i, 1].copy_(layer._value_buf[0, :, a:a + size])
+            new.append((index, kv))
+        with self._lock:
+            chain = self._chain(prompt, full * size)  # again: another thread may have stored
+            key = chain[-1].key if chain else _ROOT
+            parent = chain[-1].serial if chain else -1
+            added = []
+            for index, kv in new:
+                if index < len(chain):
+                    continue
+                tokens = tuple(prompt[index * size:(index + 1) * size])
+                key = _key(key, tokens)
+                self._serial += 1
+                page = Page(key, self._serial, parent, tokens, kv)
+                old = self._pages.pop(key, None)
+                if old is not None:  # a stale page under this key (its parent was dropped)
+                    self._forget(old)
+                self._pages[key] = page
+                self._stats.bytes += page.nbytes
+                self._stats.pages += 1
+                parent = page.serial
+                added.append(page)
+            self._touch([*chain, *added])
+            self._stats.stored_pages += len(added)
+            self._evict()
+        return len(added)
+
+    def _forget(self, page: Page) -> None:
+        self._stats.bytes -= page.nbytes
+        self._stats.pages -= 1
+
+    def _evict(self) -> None:
+        while self._stats.bytes > self.budget_bytes and self._pages:
+            _, page = self._pages.popitem(last=False)
+            self._forget(page)
+            self._stats.evicted_pages += 1
+
+
+# -- when and how much ----------------------------------------------------------------------------
+
+def problem(model) -> str | None:
+    """Why reusing read prompts would not be exact on this model's prompt reads (None: it is)."""
+    from ragspec.decoding import native_step
+    from ragspec.decoding.packed import PREFILL_ENV, prefill_precision
+
+    if native_step.installed(model):
+        precision = prefill_precision()
+        if precision == "int8":
+            return None
+        return (f"prompt reads run in {precision} (de-quantised weights), a short rest in the "
+                f"int8 step kernels: a prompt read in two pieces would round otherwise than one "
+                f"read; {PREFILL_ENV}=int8 reads prompts exactly piece by piece")
+    return ("this model's prompt reads run transformers' modules (the native step is not "
+            "installed), whose rounding depends on the shape of the forward")
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of keys and values one position takes in every layer of the cache."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    dtype = getattr(model, "_ragspec_kv_dtype", None) or torch.float32
+    return cfg.num_hidden_layers * 2 * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def budget_bytes(model) -> int:
+    """The cache's budget for `model`: RAGSPEC_PROMPT_CACHE_MB if set (0: off), else
+    min(RAM / 16, 8 full contexts). Raises ValueError for a value that is not a whole number >= 0."""
+    raw = os.environ.get(ENV, "").strip()
+    if raw:
+        try:
+            mb = int(raw)
+        except ValueError:
+            mb = -1
+        if mb < 0:
+            raise ValueError(f"{ENV} must be a whole number of MB >= 0 (0 turns the prompt cache "
+                             f"off), got {raw!r}")
+        return mb << 20
+    context = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+    return min(_ram_bytes() // 16, 8 * context * kv_bytes_per_token(model))

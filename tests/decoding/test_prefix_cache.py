@@ -1,0 +1,261 @@
+"""The prompt cache (ragspec.decoding.prefix_cache) is exact or off, on every prompt-read path.
+
+int8 prompt reads on the native step: a prompt whose prefix comes from the cache leaves the KV
+cache and the logits bit for bit as one whole read does, and the answer equals the uncached
+engine's and transformers' greedy `generate`'s, alone and through the scheduler (the chat's
+toggle: the same prompt twice). bf16 and fp32 prompt reads, and the module forward: the cache is
+off and the stats say why (for bf16 and fp32 the test measures that a read in two pieces does
+round otherwise). The budget holds; a full one costs only misses; a page is never used after
+another prefix than its own.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import MODEL_CACHE
+from test_arch_matrix import hf_greedy
+from test_native_step import _model
+from test_packed import packed_copy
+
+from ragspec.decoding import native, native_step, prefix_cache
+from ragspec.decoding.cache import new_cache
+from ragspec.decoding.engine import Generator
+from ragspec.decoding.packed import PREFILL_ENV, prefill_precision
+from ragspec.decoding.prefix_cache import PAGE_TOKENS, PrefixCache
+from ragspec.decoding.scheduler import Scheduler
+from ragspec.decoding.types import DraftConfig, GenerationConfig
+
+BIG = 64 << 20
+SPEC = GenerationConfig(max_new_tokens=20, draft=DraftConfig(adaptive=False))
+PLAIN = GenerationConfig(max_new_tokens=20, draft=DraftConfig(enabled=False))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels(one_thread):
+    native.ops(MODEL_CACHE)
+
+
+@pytest.fixture(scope="module")
+def packed(tiny_tokenizer, tmp_path_factory):
+    """A tiny Llama packed to int8 with the native step installed."""
+    model = packed_copy(_model("llama", len(tiny_tokenizer)), "int8", tmp_path_factory.mktemp("m"))
+    assert native_step.install(model) is None
+    return model
+
+
+def _precision(monkeypatch, value: str) -> None:
+    monkeypatch.setenv(PREFILL_ENV, value)
+    prefill_precision.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_precision():
+    yield
+    prefill_precision.cache_clear()
+
+
+def _prompts(vocab: int, shared: int, tails=(37, 51), seed: int = 3) -> list[list[int]]:
+    """Prompts that share their first `shared` tokens and then go their own ways."""
+    rng = random.Random(seed)
+    head = [rng.randrange(3, vocab) for _ in range(shared)]
+    return [head + [rng.randrange(3, vocab) for _ in range(n)] for n in tails]
+
+
+def _read(model, prompt, cache, start: int = 0) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([prompt[start:]]), cache=cache, use_cache=True,
+                     logits_to_keep=1).logits[0]
+
+
+def _assert_same_cache(a, b, length: int) -> None:
+    for la, lb in zip(a.layers, b.layers, strict=True):
+        assert la.get_seq_length() == lb.get_seq_length() == length
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+
+
+def test_an_int8_read_after_the_cached_prefix_is_bit_identical_to_one_whole_read(
+        packed, monkeypatch):
+    _precision(monkeypatch, "int8")
+    first, second = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 10)
+    pages = PrefixCache(BIG)
+    cache = new_cache(packed)
+    _read(packed, first, cache)
+    assert pages.store(first, cache) == len(first) // PAGE_TOKENS
+    whole = new_cache(packed)
+    want = _read(packed, second, whole)
+    reused = new_cache(packed)
+    start = pages.restore(second, reused)
+    assert start == 2 * PAGE_TOKENS  # the shared pages; the third differs
+    got = _read(packed, second, reused, start)
+    assert torch.equal(got, want)
+    _assert_same_cache(reused, whole, len(second))
+    # the same prompt again: everything but its last page (the last token is always read)
+    again = new_cache(packed)
+    start = pages.restore(second, again)
+    assert start == (len(second) - 1) // PAGE_TOKENS * PAGE_TOKENS
+    assert torch.equal(_read(packed, second, again, start), want)
+    _assert_same_cache(again, whole, len(second))
+
+
+def test_with_the_cache_the_engine_answers_as_without_it_and_as_transformers_generate(
+        packed, tiny_tokenizer, monkeypatch):
+    _precision(monkeypatch, "int8")
+    prompts = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 5, tails=(30, 40, 60))
+    cold = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=0)
+    warm = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
+    for i, prompt in enumerate(prompts):
+        for config in (PLAIN, SPEC):  # the chat's toggle: speculation off, then on
+            want = cold.generate(prompt, config)
+            assert want.stats.cached_prompt_tokens == 0
+            assert want.stats.prompt_cache_off.startswith("turned off")
+            got = warm.generate(prompt, config)
+            assert got.token_ids == want.token_ids
+            assert got.stats.prompt_cache_off == ""
+            cached = got.stats.cached_prompt_tokens
+            if config is SPEC:  # the same prompt a second time: all its pages but the last
+                assert cached == (len(prompt) - 1) // PAGE_TOKENS * PAGE_TOKENS
+            elif i > 0:  # the prefix an earlier prompt left
+                assert cached == 2 * PAGE_TOKENS
+        assert got.token_ids == hf_greedy(packed, prompt, PLAIN.max_new_tokens)[:len(got.token_ids)]
+    stats = warm.prompt_cache_stats()
+    assert stats["hits"] == 5 and stats["lookups"] == 6 and 0 < stats["hit_rate"] < 1
+    assert 0 < stats["bytes"] <= BIG
+
+
+def test_the_scheduler_reuses_prompts_and_gives_the_solo_answers(packed, tiny_tokenizer,
+                                                                   monkeypatch):
+    """Through the scheduler (the chat and `serve`): a request after another with the same
+    prefix, and the toggle's second run of one prompt, read only past the cached pages; two
+    requests at once share the pages the first one left."""
+    _precision(monkeypatch, "int8")
+    prompts = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 2, tails=(20, 33, 70))
+    cold = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=0)
+    solo = {(i, c is SPEC): cold.generate(p, c).token_ids
+            for i, p in enumerate(prompts) for c in (PLAIN, SPEC)}
+    warm = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
+    scheduler = Scheduler(warm, prefill_chunk=16)
+    assert scheduler.shared  # int8 reads: prompt pieces ride in the decoding rows' call
+    try:
+        first = scheduler.submit(prompts[0], PLAIN).result()
+        assert first.stats.cached_prompt_tokens == 0 and first.token_ids == solo[0, False]
+        toggled = scheduler.submit(prompts[0], SPEC).result()
+        assert toggled.stats.cached_prompt_tokens == 2 * PAGE_TOKENS
+        assert toggled.token_ids == solo[0, True]
+        together = [scheduler.submit(prompts[i], c) for i in (1, 2) for c in (PLAIN, SPEC)]
+        for request, key in zip(together, [(i, c is SPEC) for i in (1, 2) for c in (PLAIN, SPEC)],
+                                strict=True):
+            result = request.result()
+            assert result.token_ids == solo[key]
+            assert result.stats.cached_prompt_tokens >= 2 * PAGE_TOKENS
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_dequantised_prompt_reads_round_otherwise_in_pieces_so_the_cache_is_off(
+        packed, tiny_tokenizer, monkeypatch, precision):
+    _precision(monkeypatch, precision)
+    prompt = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 10)[0]
+    # measured: the prefix read as a prompt, the rest (a step's rows) as the cache would have it
+    whole, pieces = new_cache(packed), new_cache(packed)
+    want = _read(packed, prompt, whole)
+    _read(packed, prompt[:2 * PAGE_TOKENS], pieces)
+    got = _read(packed, prompt, pieces, 2 * PAGE_TOKENS)
+    assert not torch.equal(got, want)
+    gen = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
+    for _ in range(2):
+        stats = gen.generate(prompt, PLAIN).stats
+        assert stats.cached_prompt_tokens == 0
+        assert precision in stats.prompt_cache_off and PREFILL_ENV in stats.prompt_cache_off
+    assert "off" in gen.prompt_cache_stats()
+
+
+def test_the_module_forward_keeps_the_cache_off_and_says_why(tiny_gen):
+    prompt = _prompts(tiny_gen.model.config.vocab_size, 2 * PAGE_TOKENS + 5)[0]
+    for _ in range(2):
+        stats = tiny_gen.generate(prompt, PLAIN).stats
+        assert stats.cached_prompt_tokens == 0
+        assert "native step is not installed" in stats.prompt_cache_off
+        assert stats.to_dict()["prompt_cache_off"] == stats.prompt_cache_off
+
+
+def test_the_budget_holds_and_a_full_cache_only_misses(packed, tiny_tokenizer, monkeypatch):
+    _precision(monkeypatch, "int8")
+    vocab = packed.config.vocab_size
+    per_page = prefix_cache.kv_bytes_per_token(packed) * PAGE_TOKENS
+    prompts = [_prompts(vocab, 3 * PAGE_TOKENS + 1, tails=(2,), seed=s)[0] for s in range(3)]
+    gen = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=2 * per_page)
+    cold = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=0)
+    for prompt in prompts:
+        assert gen.generate(prompt, PLAIN).token_ids == cold.generate(prompt, PLAIN).token_ids
+        stats = gen.prompt_cache_stats()
+        assert stats["bytes"] <= 2 * per_page and stats["pages"] == 2  # its first two pages
+    assert stats["evicted_pages"] == 4  # the earlier prompts' pages made room
+    again = gen.generate(prompts[-1], PLAIN)
+    assert again.stats.cached_prompt_tokens == 2 * PAGE_TOKENS
+    assert again.token_ids == cold.generate(prompts[-1], PLAIN).token_ids
+    # a budget smaller than one page keeps nothing and answers all the same
+    tiny = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=per_page - 1)
+    for _ in range(2):
+        result = tiny.generate(prompts[0], PLAIN)
+        assert result.stats.cached_prompt_tokens == 0 and result.stats.prompt_cache_off == ""
+        assert result.token_ids == cold.generate(prompts[0], PLAIN).token_ids
+    assert tiny.prompt_cache_stats()["bytes"] == 0
+
+
+def test_evicting_drops_the_deepest_pages_of_a_chain_first(packed, monkeypatch):
+    _precision(monkeypatch, "int8")
+    per_page = prefix_cache.kv_bytes_per_token(packed) * PAGE_TOKENS
+    a = _prompts(packed.config.vocab_size, 3 * PAGE_TOKENS + 1, tails=(2,))[0]
+    pages = PrefixCache(3 * per_page)
+    cache = new_cache(packed)
+    _read(packed, a, cache)
+    assert pages.store(a, cache) == 3
+    other = _prompts(packed.config.vocab_size, PAGE_TOKENS, tails=(0,), seed=9)[0]
+    cache = new_cache(packed)
+    _read(packed, other, cache)
+    assert pages.store(other, cache) == 1  # evicts a's last page, not its first
+    assert pages.stats().evicted_pages == 1
+    assert pages.restore(a, new_cache(packed)) == 2 * PAGE_TOKENS
+    assert pages.restore(other, new_cache(packed)) == 0  # its one page holds its last token
+
+
+def test_a_page_is_used_only_after_the_very_prefix_it_was_read_after(packed, monkeypatch):
+    """Even when two prefixes' keys collide (here: a key of the page's own tokens only), a page
+    read after another prefix is not reused: the cache after the read is the whole read's."""
+    _precision(monkeypatch, "int8")
+    monkeypatch.setattr(prefix_cache, "_key", lambda parent, tokens: bytes(str(list(tokens)),
+                                                                           "ascii"))
+    vocab = packed.config.vocab_size
+    rng = random.Random(4)
+    page = [rng.randrange(3, vocab) for _ in range(PAGE_TOKENS)]
+    head_x, head_y = ([rng.randrange(3, vocab) for _ in range(PAGE_TOKENS)] for _ in range(2))
+    x, y = head_x + page + [5, 6, 7], head_y + page + [5, 6, 7]
+    pages = PrefixCache(BIG)
+    for prompt in (x, y):  # y's second page replaces x's under the colliding key
+        cache = new_cache(packed)
+        _read(packed, prompt, cache)
+        pages.store(prompt, cache)
+    whole = new_cache(packed)
+    want = _read(packed, x, whole)
+    reused = new_cache(packed)
+    start = pages.restore(x, reused)
+    assert start == PAGE_TOKENS
+    assert torch.equal(_read(packed, x, reused, start), want)
+    _assert_same_cache(reused, whole, len(x))
+
+
+def test_the_budget_comes_from_the_environment_or_the_machine(packed, monkeypatch):
+    monkeypatch.setenv(prefix_cache.ENV, "3")
+    assert prefix_cache.budget_bytes(packed) == 3 << 20
+    monkeypatch.setenv(prefix_cache.ENV, "0")
+    assert prefix_cache.budget_bytes(packed) == 0
+    monkeypatch.setenv(prefix_cache.ENV, "lots")
+    with pytest.raises(ValueError, match="whole number"):
+        prefix_cache.budget_bytes(packed)
+    monkeypatch.delenv(prefix_cache.ENV)
+    context = packed.config.max_position_embeddings
+    assert 0 < prefix_cache.budget_bytes(packed) <= 8 * context * prefix_cache.kv_bytes_per_token(packed)
