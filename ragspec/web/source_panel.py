@@ -1,16 +1,20 @@
 """The source view: a cited document opened beside the answer, where the answer copied from it.
 
 Contract: the address names what is open, `?chat=ID&src=M-P` (message M of the chat, its
-passage P, both 0-based) and optionally `&page=N`, so a highlighted span or a passage in the
-list is a plain link (`href`), and reloading keeps the view. `show(store, chat_id, record, M,
-P, page)`:
+passage P, both 0-based) and optionally `&page=N` and `&zoom=200%25`, so a highlighted span or
+a passage in the list is a plain link (`href`), and reloading keeps the view. The column that
+holds the view stays in sight (sticky) while the chat beside it scrolls. `show(store, chat_id,
+record, M, P, page)`:
   * finds the document by the passage's doc_id in the page's own store (the signed-in user's
     collection) and nowhere else: a chat only holds its user's answers, and an id from another
     index, or a path, finds nothing (ragspec.source_pages.open_source);
-  * a PDF: the page rendered by PDFium, the characters the answer copied from any passage of
-    that page boxed (class rs-copied; `data-box` holds the PDF-space box), the rest of the
-    clicked passage shaded (rs-shade); says so where boxes are not known or not found; the
-    header names the file and "page N of M", with previous/next links and a download button;
+  * a PDF: the page rendered by PDFium as wide as the panel, or `ZOOMS` percent of it in a
+    scrolled pane with the first copied box brought to its middle; the characters the answer
+    copied from any passage of that page boxed (class rs-copied; `data-box` holds the
+    PDF-space box), the rest of the clicked passage shaded (rs-shade), both translucent and
+    blended so the letters under them stay dark; says so where boxes are not known or not
+    found; the header names the file and "page N of M", with previous/next links (keeping the
+    zoom) and a download button;
   * any other document: its text around the passage, passage shaded and copied characters
     marked, all escaped (ragspec.web.page_html.escape_text): nothing of a document becomes
     markup.
@@ -126,10 +130,7 @@ def show(store, chat_id: str, record: dict | None, message: int, passage: int,
 
 def _show_pdf(store, source, chat_id, message, passage, passages, spans, page) -> None:
     head = st.empty()  # the header above the zoom, written once the page count is known
-    # Bound to `&zoom=` in the address: paging (a link) and reloading keep the zoom.
-    zoom = st.radio("Zoom", ZOOMS, key="zoom", bind="query-params", horizontal=True,
-                    format_func=zoom_label,
-                    label_visibility="collapsed") or ZOOMS[0]
+    zoom = _zoom()
     try:
         # More pixels when zoomed (up to twice the default), so the print stays sharp.
         rendered = render_page(source, page, DEFAULT_SCALE * min(zoom, 200) / 100)
@@ -185,6 +186,22 @@ def _show_pdf(store, source, chat_id, message, passage, passages, spans, page) -
     elif cited.page == page and copied_ranges(spans).get(passage) and not copied:
         st.caption("The copied characters could not be placed on this page: shown without "
                    "boxes.")
+
+
+def _zoom() -> int:
+    """The zoom chosen, kept in the address (`&zoom=`) so that paging (a link) and reloading
+    keep it. Not Streamlit's `bind="query-params"`: a bound parameter makes the page's own
+    `st.query_params.clear()` (New chat) fail."""
+    asked = st.query_params.get("zoom", "")
+    start = next((z for z in ZOOMS if zoom_label(z) == asked), ZOOMS[0])
+    zoom = st.radio("Zoom", ZOOMS, index=ZOOMS.index(start), key="rs-zoom", horizontal=True,
+                    format_func=zoom_label, label_visibility="collapsed")
+    if zoom != start:
+        if zoom == ZOOMS[0]:
+            del st.query_params["zoom"]
+        else:
+            st.query_params["zoom"] = zoom_label(zoom)
+    return zoom
 
 
 def _gaps(ranges, length: int) -> list[tuple[int, int]]:

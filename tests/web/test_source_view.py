@@ -151,13 +151,16 @@ def test_a_pdf_passage_opens_as_its_page_with_the_passage_shaded(tmp_path, monke
 
     # Zoomed: the page drawn twice the panel's width, with more pixels, and the links to the
     # next and previous pages keep the zoom (the browser test checks the address's `&zoom=`).
-    at.radio(key="zoom").set_value(200).run()
+    at.radio(key="rs-zoom").set_value(200).run()
     assert not at.exception, at.exception
+    assert at.query_params["zoom"] == "200%"  # a reload or a link keeps it
     (zoomed,) = [m.value for m in at.markdown if '<div class="rs-page"' in m.value]
     head = next(m.value for m in at.markdown if m.value.startswith('<div class="rs-source-head"'))
     assert 'data-zoom="200" style="width:200%"' in zoomed
     assert _png_width(zoomed) == 2 * _png_width(page_html)
     assert f"src=1-0&page={passage['page'] + 1}&zoom=200%25" in head
+    at.radio(key="rs-zoom").set_value(100).run()
+    assert "zoom" not in at.query_params
 
 
 def test_a_text_source_is_shown_escaped_around_the_passage(tmp_path, monkeypatch):
