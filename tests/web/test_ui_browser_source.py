@@ -131,8 +131,18 @@ def answer(page, model: str, question: str) -> None:
     """A new chat, the named model, the question; returns once the answer is saved."""
     page.locator(SIDEBAR).get_by_text("New chat").click()
     page.wait_for_timeout(1000)
-    page.locator(SIDEBAR).locator('[data-testid="stSelectbox"]').filter(has_text="Model").first.click()
-    page.get_by_role("option", name=model, exact=True).click()
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    choose = page.locator(SIDEBAR).locator('[data-testid="stSelectbox"]').filter(has_text="Model")
+    option = page.get_by_role("option", name=model, exact=True)
+    for _ in range(4):  # a rerun under way can take the click that opens the list
+        choose.first.click()
+        try:
+            option.wait_for(timeout=20_000)
+            break
+        except PlaywrightTimeout:
+            continue
+    option.click()
     page.wait_for_timeout(1000)
     # Draft whatever the match offers: the adaptive policy weighs drafts against this machine's
     # forward costs, and on a loaded machine it may rightly decline to draft at all.
