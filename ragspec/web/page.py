@@ -128,7 +128,7 @@ if store is not None and store.passage_count() == 0:
 
 # A source opened from an answer (a link in the address) sits beside the chat.
 opened = source_panel.requested() if chat is not None and store is not None else None
-chat_column, source_column = st.columns([3, 2]) if opened else (st.container(), None)
+chat_column, source_column = st.columns([1, 1]) if opened else (st.container(), None)
 
 with chat_column:
     for i, message in enumerate(chat["messages"] if chat else []):

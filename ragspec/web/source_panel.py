@@ -1,16 +1,20 @@
 """The source view: a cited document opened beside the answer, where the answer copied from it.
 
 Contract: the address names what is open, `?chat=ID&src=M-P` (message M of the chat, its
-passage P, both 0-based) and optionally `&page=N`, so a highlighted span or a passage in the
-list is a plain link (`href`), and reloading keeps the view. `show(store, chat_id, record, M,
-P, page)`:
+passage P, both 0-based) and optionally `&page=N` and `&zoom=200%25`, so a highlighted span or
+a passage in the list is a plain link (`href`), and reloading keeps the view. The column that
+holds the view stays in sight (sticky) while the chat beside it scrolls. `show(store, chat_id,
+record, M, P, page)`:
   * finds the document by the passage's doc_id in the page's own store (the signed-in user's
     collection) and nowhere else: a chat only holds its user's answers, and an id from another
     index, or a path, finds nothing (ragspec.source_pages.open_source);
-  * a PDF: the page rendered by PDFium, the characters the answer copied from any passage of
-    that page boxed (class rs-copied; `data-box` holds the PDF-space box), the rest of the
-    clicked passage shaded (rs-shade); says so where boxes are not known or not found; the
-    header names the file and "page N of M", with previous/next links and a download button;
+  * a PDF: the page rendered by PDFium as wide as the panel, or `ZOOMS` percent of it in a
+    scrolled pane with the first copied box brought to its middle; the characters the answer
+    copied from any passage of that page boxed (class rs-copied; `data-box` holds the
+    PDF-space box), the rest of the clicked passage shaded (rs-shade), both translucent and
+    blended so the letters under them stay dark; says so where boxes are not known or not
+    found; the header names the file and "page N of M", with previous/next links (keeping the
+    zoom) and a download button;
   * any other document: its text around the passage, passage shaded and copied characters
     marked, all escaped (ragspec.web.page_html.escape_text): nothing of a document becomes
     markup.
@@ -26,6 +30,7 @@ import streamlit as st
 from ragspec.citations import Citer
 from ragspec.describe import copied_ranges, merge_ranges
 from ragspec.source_pages import (
+    DEFAULT_SCALE,
     SourceError,
     image_rects,
     open_source,
@@ -34,20 +39,58 @@ from ragspec.source_pages import (
 )
 from ragspec.web import page_html as rd
 
+ZOOMS = (100, 150, 200, 300)  # percent of the panel's width; 100 = the page fits the panel
+
+# The source column stays in view (sticky) beside a chat of any length: Streamlit opens a chat
+# scrolled to its end, where the top of a plain column would be out of sight. The marks keep
+# the copied words legible: a translucent fill blended by `multiply` leaves dark glyphs dark
+# (a border or an opaque fill drawn over small print strikes it through), and the copied
+# characters get an underline drawn below their box, not over them.
 STYLE = """<style>
-.rs-page { position: relative; width: 100%; border: 1px solid #ccc; }
+div[data-testid="stColumn"]:has(.rs-source-view) {
+  position: sticky; top: 3.75rem; align-self: flex-start;
+  max-height: calc(100vh - 11.5rem); overflow-y: auto; }
+.rs-scroll { overflow: auto; max-height: calc(100vh - 22rem); border: 1px solid #ccc; }
+.rs-page { position: relative; isolation: isolate; }
 .rs-page img { width: 100%; display: block; }
-.rs-box { position: absolute; box-sizing: border-box; pointer-events: none; }
-.rs-box.rs-copied { border: 2px solid #d9480f; background: rgba(255, 227, 138, 0.35); }
+.rs-box { position: absolute; box-sizing: border-box; pointer-events: none;
+  mix-blend-mode: multiply; }
+.rs-box.rs-copied { background: rgba(255, 200, 40, 0.5); box-shadow: 0 2px 0 #d9480f; }
 .rs-box.rs-shade { background: rgba(70, 130, 230, 0.16); }
 .rs-source-text { font-size: 0.9em; line-height: 1.55; max-height: 70vh; overflow-y: auto; }
 .rs-source-text .rs-shade { background: #dfe9fb; }
-</style>"""
+</style><span class="rs-source-view"></span>"""
+
+# Brings the first copied box to the middle of the scrolled page (it may sit outside the
+# panel once the page is zoomed); the page and zoom in the text make Streamlit run it again
+# when either changes.
+CENTRE = """<script>/* page %d, zoom %d */
+(() => {  // a scope of its own: Streamlit runs this again in the same page
+const box = document.querySelector("div.rs-page .rs-copied");
+const pane = box && box.closest(".rs-scroll");
+if (pane) {
+  const img = pane.querySelector("img");
+  const go = () => {
+    const p = pane.getBoundingClientRect(), b = box.getBoundingClientRect();
+    pane.scrollLeft += b.left + b.width / 2 - (p.left + p.width / 2);
+    pane.scrollTop += b.top + b.height / 2 - (p.top + p.height / 2);
+  };
+  img.decode().then(go, go);  // positions are known once the picture has its size
+}
+})();
+</script>"""
 
 
-def href(chat_id: str, message: int, passage: int, page: int | None = None) -> str:
+def href(chat_id: str, message: int, passage: int, page: int | None = None,
+         zoom: int | None = None) -> str:
     out = f"?chat={quote(chat_id, safe='')}&src={message}-{passage}"
-    return out + (f"&page={page}" if page is not None else "")
+    out += f"&page={page}" if page is not None else ""
+    return out + (f"&zoom={quote(zoom_label(zoom))}" if zoom not in (None, ZOOMS[0]) else "")
+
+
+def zoom_label(zoom: int) -> str:
+    """The zoom as the control shows it and the address holds it (`&zoom=200%25`)."""
+    return "Fit width" if zoom == ZOOMS[0] else f"{zoom}%"
 
 
 def requested() -> tuple[int, int, int | None] | None:
@@ -86,25 +129,28 @@ def show(store, chat_id: str, record: dict | None, message: int, passage: int,
 
 
 def _show_pdf(store, source, chat_id, message, passage, passages, spans, page) -> None:
+    head = st.empty()  # the header above the zoom, written once the page count is known
+    zoom = _zoom()
     try:
-        rendered = render_page(source, page)
+        # More pixels when zoomed (up to twice the default), so the print stays sharp.
+        rendered = render_page(source, page, DEFAULT_SCALE * min(zoom, 200) / 100)
     except SourceError as exc:
         st.warning(rd.escape_text(str(exc), inline=True))
         return
     links = []
     if page > 1:
-        links.append(f'<a href="{href(chat_id, message, passage, page - 1)}" target="_self">'
-                     f'&#8592; previous page</a>')
+        links.append(f'<a href="{href(chat_id, message, passage, page - 1, zoom)}" '
+                     f'target="_self">&#8592; previous page</a>')
     if page < rendered.pages:
-        links.append(f'<a href="{href(chat_id, message, passage, page + 1)}" target="_self">'
-                     f'next page &#8594;</a>')
+        links.append(f'<a href="{href(chat_id, message, passage, page + 1, zoom)}" '
+                     f'target="_self">next page &#8594;</a>')
     citer = Citer(store)
     layout = citer.layout(source.doc_id)
     section = layout.page(page).section if layout and layout.page(page) else None
     named = f" · {rd.escape_text(section)}" if section else ""
-    st.markdown(f'<div class="rs-source-head"><b>{rd.escape_text(source.name)}</b> · page '
-                f'{page} of {rendered.pages}{named} &nbsp; {" · ".join(links)}</div>',
-                unsafe_allow_html=True)
+    head.markdown(f'<div class="rs-source-head"><b>{rd.escape_text(source.name)}</b> · page '
+                  f'{page} of {rendered.pages}{named} &nbsp; {" · ".join(links)}</div>',
+                  unsafe_allow_html=True)
     copied, shaded, unknown = [], [], False
     for i, ranges in copied_ranges(spans).items():
         p = passages[i] if 0 <= i < len(passages) else None
@@ -127,8 +173,12 @@ def _show_pdf(store, source, chat_id, message, passage, passages, spans, page) -
         f'style="left:{r[0] * 100:.3f}%;top:{r[1] * 100:.3f}%;width:{r[2] * 100:.3f}%;'
         f'height:{r[3] * 100:.3f}%"></div>'
         for (kind, box), r in zip(boxes, rects, strict=True))
-    st.markdown(f'<div class="rs-page" data-page="{page}"><img alt="page {page}" '
-                f'src="data:image/png;base64,{image}">{overlay}</div>', unsafe_allow_html=True)
+    st.markdown(f'<div class="rs-scroll"><div class="rs-page" data-page="{page}" '
+                f'data-zoom="{zoom}" style="width:{zoom}%"><img alt="page {page}" '
+                f'src="data:image/png;base64,{image}">{overlay}</div></div>',
+                unsafe_allow_html=True)
+    if copied:
+        st.html(CENTRE % (page, zoom), unsafe_allow_javascript=True)
     if unknown:
         st.caption("This index holds no character positions for this document (it was "
                    "ingested before they were kept): run `ragspec ingest` on it again to see "
@@ -136,6 +186,22 @@ def _show_pdf(store, source, chat_id, message, passage, passages, spans, page) -
     elif cited.page == page and copied_ranges(spans).get(passage) and not copied:
         st.caption("The copied characters could not be placed on this page: shown without "
                    "boxes.")
+
+
+def _zoom() -> int:
+    """The zoom chosen, kept in the address (`&zoom=`) so that paging (a link) and reloading
+    keep it. Not Streamlit's `bind="query-params"`: a bound parameter makes the page's own
+    `st.query_params.clear()` (New chat) fail."""
+    asked = st.query_params.get("zoom", "")
+    start = next((z for z in ZOOMS if zoom_label(z) == asked), ZOOMS[0])
+    zoom = st.radio("Zoom", ZOOMS, index=ZOOMS.index(start), key="rs-zoom", horizontal=True,
+                    format_func=zoom_label, label_visibility="collapsed")
+    if zoom != start:
+        if zoom == ZOOMS[0]:
+            del st.query_params["zoom"]
+        else:
+            st.query_params["zoom"] = zoom_label(zoom)
+    return zoom
 
 
 def _gaps(ranges, length: int) -> list[tuple[int, int]]:

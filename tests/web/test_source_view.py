@@ -4,6 +4,7 @@ from the user's own chats and index; pages render by number, cached."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import html
 import io
@@ -116,6 +117,11 @@ def _pdf_session(tmp_path, monkeypatch):
     return at
 
 
+def _png_width(markup: str) -> int:
+    data = base64.b64decode(re.search(r"base64,([^\"]+)", markup).group(1))
+    return int.from_bytes(data[16:20], "big")  # the PNG header's width
+
+
 def _boxes(markup: str, kind: str) -> list[list[float]]:
     return [[float(v) for v in m.split(",")]
             for m in re.findall(rf'class="rs-box {kind}" data-box="([^"]+)"', markup)]
@@ -129,7 +135,7 @@ def test_a_pdf_passage_opens_as_its_page_with_the_passage_shaded(tmp_path, monke
     at.query_params["src"] = "1-0"
     at.run()
     assert not at.exception, at.exception
-    (page_html,) = [m.value for m in at.markdown if m.value.startswith('<div class="rs-page"')]
+    (page_html,) = [m.value for m in at.markdown if '<div class="rs-page"' in m.value]
     head = next(m.value for m in at.markdown if m.value.startswith('<div class="rs-source-head"'))
     from ui_support import saved_chat
 
@@ -142,6 +148,19 @@ def test_a_pdf_passage_opens_as_its_page_with_the_passage_shaded(tmp_path, monke
     under = _letters(_PdfiumLayer(textpage).under(shaded + copied))
     assert under and under in _letters(passage["text"])  # the passage's own words, no others
     assert any(b.label.startswith("Download") for b in at.get("download_button"))
+
+    # Zoomed: the page drawn twice the panel's width, with more pixels, and the links to the
+    # next and previous pages keep the zoom (the browser test checks the address's `&zoom=`).
+    at.radio(key="rs-zoom").set_value(200).run()
+    assert not at.exception, at.exception
+    assert at.query_params["zoom"] == "200%"  # a reload or a link keeps it
+    (zoomed,) = [m.value for m in at.markdown if '<div class="rs-page"' in m.value]
+    head = next(m.value for m in at.markdown if m.value.startswith('<div class="rs-source-head"'))
+    assert 'data-zoom="200" style="width:200%"' in zoomed
+    assert _png_width(zoomed) == 2 * _png_width(page_html)
+    assert f"src=1-0&page={passage['page'] + 1}&zoom=200%25" in head
+    at.radio(key="rs-zoom").set_value(100).run()
+    assert "zoom" not in at.query_params
 
 
 def test_a_text_source_is_shown_escaped_around_the_passage(tmp_path, monkeypatch):

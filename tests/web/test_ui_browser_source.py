@@ -131,14 +131,24 @@ def answer(page, model: str, question: str) -> None:
     """A new chat, the named model, the question; returns once the answer is saved."""
     page.locator(SIDEBAR).get_by_text("New chat").click()
     page.wait_for_timeout(1000)
-    page.locator(SIDEBAR).locator('[data-testid="stSelectbox"]').filter(has_text="Model").first.click()
-    page.get_by_role("option", name=model, exact=True).click()
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    choose = page.locator(SIDEBAR).locator('[data-testid="stSelectbox"]').filter(has_text="Model")
+    option = page.get_by_role("option", name=model, exact=True)
+    for _ in range(4):  # a rerun under way can take the click that opens the list
+        choose.first.click()
+        try:
+            option.wait_for(timeout=20_000)
+            break
+        except PlaywrightTimeout:
+            continue
+    option.click()
     page.wait_for_timeout(1000)
     # Draft whatever the match offers: the adaptive policy weighs drafts against this machine's
     # forward costs, and on a loaded machine it may rightly decline to draft at all.
     adaptive = page.locator(SIDEBAR).get_by_label("Adaptive drafting", exact=True).first
     if not adaptive.is_visible():
-        open_advanced(page, adaptive, state="attached")
+        open_advanced(page, adaptive)
     set_toggle(page, "Adaptive drafting", False)
     ask(page, question)
     try:
@@ -202,6 +212,92 @@ def opened_page_number(page) -> int:
     return int(page.locator("div.rs-page").get_attribute("data-page"))
 
 
+def answered(page, count: int) -> None:
+    """Wait until the chat shows `count` finished answers and takes a question again (the box is
+    disabled while an answer is written, so an old copy of the page cannot satisfy both)."""
+    page.wait_for_function("""n => {
+      const done = [...document.querySelectorAll('summary')]
+        .filter(s => s.innerText.includes('Passages used')).length;
+      const box = document.querySelector('textarea[placeholder^="Ask a question"]');
+      return done >= n && box && !box.disabled;
+    }""", arg=count, timeout=600_000)
+
+
+def in_view(page, locator) -> bool:
+    box = shown_box(locator)
+    return 0 <= box["y"] and box["y"] + box["height"] <= page.viewport_size["height"]
+
+
+def ink_under_mark(page) -> tuple[float, float]:
+    """How legible the copied letters stay under their mark, in the first copied box, the page
+    drawn with the marks and without them: the pixels that are ink on the bare page, against
+    the paper around them. Returns (contrast kept: the paper's luminance minus the ink's, marked
+    over bare, 1 = as legible as unmarked, 0 = the letters are gone; the ink's mean luminance
+    over the paper's under the mark, 0 = black on white)."""
+    import numpy as np
+    from PIL import Image
+
+    box = shown_box(page.locator("div.rs-page div.rs-box.rs-copied").first)
+    clip = {"x": round(box["x"]), "y": round(box["y"]),
+            "width": max(1, int(box["width"])), "height": max(1, int(box["height"]))}
+
+    def grey():
+        shot = Image.open(io.BytesIO(page.screenshot(clip=clip, animations="disabled")))
+        return np.asarray(shot.convert("L"), dtype=float)
+
+    marked = grey()
+    boxes = page.locator("div.rs-page")
+    boxes.evaluate("p => p.querySelectorAll('.rs-box').forEach(b => b.style.visibility = 'hidden')")
+    bare = grey()
+    boxes.evaluate("p => p.querySelectorAll('.rs-box').forEach(b => b.style.visibility = '')")
+    ink = bare < 0.6 * np.percentile(bare, 95)
+    assert 10 <= ink.sum() < ink.size / 2, "no letters under the copied box"
+
+    def contrast(image) -> float:
+        return float(np.median(image[~ink]) - image[ink].mean())
+
+    return contrast(marked) / contrast(bare), float(marked[ink].mean() / np.median(marked[~ink]))
+
+
+def check_a_reader_can_use_the_view(page) -> None:
+    """The source of a span clicked at the end of a long chat: on screen, the page as wide as its
+    panel, the copied letters still dark under their mark, and a zoom that enlarges the page and
+    keeps the copied words in sight."""
+    answers = page.locator("div.rs-answer")
+    for _ in range(40):  # Streamlit scrolls a chat to its end once it is drawn
+        if in_view(page, answers.last) and not in_view(page, answers.first):
+            break
+        page.wait_for_timeout(250)
+    else:
+        raise AssertionError("the view did not settle at the end of a chat longer than the window")
+    head = page.locator("div.rs-source-head")
+    assert in_view(page, head), f"the source opened out of sight: {shown_box(head)}"
+    column = page.locator('[data-testid="stColumn"]').filter(has=page.locator("div.rs-page"))
+    picture = page.locator("div.rs-page img")
+    fit, width = shown_box(picture)["width"], shown_box(column.last)["width"]
+    assert fit >= 0.9 * width, (fit, width)
+    assert shown_box(picture)["y"] < page.viewport_size["height"] / 2
+    kept, ink = ink_under_mark(page)
+    assert kept > 0.7 and ink < 0.5, (kept, ink)  # the letters dark on the paper, as unmarked
+
+    page.get_by_text("300%", exact=True).first.click()
+    zoomed = page.locator('div.rs-page[data-zoom="300"] img')
+    zoomed.wait_for()
+    zoomed.evaluate("i => i.decode()")
+    assert shown_box(zoomed)["width"] >= 2.9 * fit, (shown_box(zoomed)["width"], fit)
+    pane, copied = shown_box(page.locator("div.rs-scroll")), None
+    for _ in range(40):  # the copied words are scrolled to once the zoomed page is drawn
+        copied = shown_box(page.locator("div.rs-page div.rs-box.rs-copied").first)
+        if (pane["x"] <= copied["x"] and copied["x"] + copied["width"] <= pane["x"] + pane["width"]
+                and pane["y"] <= copied["y"]
+                and copied["y"] + copied["height"] <= pane["y"] + pane["height"]):
+            break
+        page.wait_for_timeout(250)
+    else:
+        raise AssertionError(f"the copied words are outside the zoomed view: {copied}, {pane}")
+    assert in_view(page, page.locator("div.rs-page div.rs-box.rs-copied").first)
+
+
 def test_browser_copied_spans_open_their_source_with_exactly_the_copied_words_marked(
         chromium, tmp_path):  # noqa: F811
     pdfium = pytest.importorskip("pypdfium2")
@@ -244,12 +340,17 @@ def check_every_source(page, url: str, docs: dict[str, Path], pdfium) -> None:
             assert all(box[0] >= half for box in found)
         save_screenshot(page, shot, docs[key].with_suffix(".png"))
 
-    # The manual's view pages on.
+    # A span in the last answer of a long chat on the manual: a source a reader can use, and
+    # its view pages on at the zoom chosen.
     answer(page, "copy-manual", CASES["manual"][2])
+    for count in (2, 3):
+        ask(page, CASES["manual"][2])
+        answered(page, count)
     open_copied_span(page, CASES["manual"][1])
     number = opened_page_number(page)
+    check_a_reader_can_use_the_view(page)
     page.get_by_text("next page").first.click()
-    page.locator(f'div.rs-page[data-page="{number + 1}"]').wait_for()
+    page.locator(f'div.rs-page[data-page="{number + 1}"][data-zoom="300"]').wait_for()
 
     # HTML and Word: the text around the passage, the copied characters marked, as text.
     headings = {"html": ("Harwood forge", "Quenching & the <script> tag"),
