@@ -159,7 +159,11 @@ class MilvusStore(MilvusCollections, StoreBase):
         self._pending: dict[str, tuple[DocumentInfo, list[Passage], np.ndarray]] = {}
         self._retire: list[tuple[str, int]] = []
         if self.location.lite:  # a damaged file is refused before anything is read from it
-            integrity.check(Path(self.location.uri), self.location.spec, self._disk_commit)
+            try:
+                integrity.check(Path(self.location.uri), self.location.spec, self._disk_commit)
+            except RetrievalError:
+                self._disconnect()  # the server the check may have started for it
+                raise
         manifest = self._manifest()
         if manifest is None:
             from ragspec.retrieval.milvus.schema import vector_index_from_env
