@@ -367,6 +367,8 @@ def current_commit(directory: Path) -> str | None:
 
 def read_snapshot(directory: Path) -> Snapshot | None:
     """The committed index in `directory`, or None when there is none; IndexCorruptError if bad."""
+    if directory.exists() and not directory.is_dir():
+        raise _corrupt(directory, "it is a file, not an index folder")
     for attempt in range(_READ_ATTEMPTS):
         try:
             return _read_once(directory)
