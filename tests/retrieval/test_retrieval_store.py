@@ -352,6 +352,13 @@ def test_a_full_disk_during_a_rewrite_leaves_no_pending_file(index, embedder, mo
     assert _files(index) == before
 
 
+def test_a_file_where_the_index_folder_should_be_is_called_damaged(tmp_path, embedder):
+    where = tmp_path / "index"
+    where.write_bytes(b"not an index")
+    with pytest.raises(IndexCorruptError, match="is damaged: it is a file, not an index folder"):
+        PassageStore.open(where, embedder)
+
+
 # -- read-only index directory -----------------------------------------------------------------
 
 
