@@ -65,3 +65,21 @@ def test_asking_in_a_new_chat_on_a_full_disk_shows_an_error_message(tmp_path, mo
                for e in errors), errors
     assert not any(str(disk.root) in e for e in errors)
     assert snapshot(disk.root) == before
+
+
+def test_an_upload_that_does_not_fit_says_so_and_stores_nothing(tmp_path, disk):
+    from fakes import HashEmbedder
+
+    from ragspec.retrieval.faiss.store import PassageStore
+    from ragspec.web.uploads import UploadError, store_upload
+
+    store = PassageStore.open(tmp_path / "index", HashEmbedder())
+    root = disk.root / "uploads"
+    store_upload(root, "kept.md", METRICS_DOC, store)
+    disk.fill()
+    before = snapshot(disk.root)
+    with pytest.raises(UploadError) as refused:
+        store_upload(root, "report.md", b"# Report\n" + b"x" * 300_000, store)
+    assert str(refused.value) == (f"report.md: could not store the upload: {FULL}; free some "
+                                  "space there, or use another location, and try again")
+    assert snapshot(disk.root) == before
