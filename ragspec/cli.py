@@ -1,11 +1,27 @@
-"""The `ragspec` command line: one click group, subcommands registered from ragspec.commands."""
+"""The `ragspec` command line: one click group, subcommands registered from ragspec.commands.
+
+A file that cannot be written (ragspec.fileio.WriteFailed) or a filesystem that refuses writes
+(full, quota, read-only, I/O error), wherever a command meets it, ends the command with that one
+line and exit status 1 (click.ClickException), never a traceback."""
 
 from __future__ import annotations
 
 import click
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    def invoke(self, ctx):
+        from ragspec import fileio
+
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            if not fileio.is_disk_error(exc):
+                raise
+            raise click.ClickException(fileio.describe(exc)) from exc
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ragspec")
 def main() -> None:
     """Ask questions about your own documents, fast.

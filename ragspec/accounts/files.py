@@ -2,7 +2,8 @@
 
 Contract: `write_private(path, data)` creates the file readable and writable by its owner only
 (0600, set when the temporary file is created, so the secret is never readable by others, not
-even for a moment), writes it in full, flushes it to disk and renames it over `path`.
+even for a moment), writes it in full, flushes it to disk and renames it over `path`; on a
+failure (a full disk) `path` is unchanged and ragspec.fileio.WriteFailed says so in one line.
 `read_json(path, default)` returns `default` for a missing file and raises AccountError for one
 that cannot be read. `locked(path)` is the file lock every read-modify-write of `path` holds;
 a lock that cannot be had in time is an AccountError, never a bare filelock.Timeout.
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+
+from ragspec.fileio import write_atomically
 
 LOCK_SECONDS = 30
 
@@ -26,19 +28,10 @@ class AccountError(ValueError):
 
 
 def write_private(path: Path, data: dict) -> None:
+    # fileio: the temporary file is created 0600 (O_EXCL, a fresh name, so no stale file can
+    # widen it), and a failed write (a full disk) leaves `path` as it was and raises WriteFailed.
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(data, out, ensure_ascii=False, indent=1)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o600)  # an umask cannot widen it, but a stale temporary file might
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, json.dumps(data, ensure_ascii=False, indent=1), mode=0o600)
 
 
 def read_json(path: Path, default: dict) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import uuid
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ragspec.fileio import write_atomically
+from ragspec.fileio import WriteFailed, write_atomically
 
 HASHES_FILE = "gguf-hashes.json"
 _CHUNK = 8 << 20
@@ -233,10 +234,24 @@ def make_locked(target: Path, make: Callable[[Path], None],
             if target.exists():
                 shutil.rmtree(target)  # an incomplete folder from an older run
             tmp.rename(target)  # atomic
+        except OSError as exc:  # a full disk, a read-only cache: one line naming the folder
+            raise WriteFailed(target, exc) from exc
+        except Exception as exc:
+            code = _os_code(exc)
+            if code is None:
+                raise
+            raise WriteFailed(target, OSError(code, os.strerror(code))) from exc
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return True
+
+
+def _os_code(exc: Exception) -> int | None:
+    """The errno a library written in Rust (safetensors) reports only as text
+    ("IoError(Os { code: 28, kind: StorageFull, ... })"), or None."""
+    found = re.search(r"Os \{ code: (\d+)", str(exc))
+    return int(found.group(1)) if found else None
 
 
 def convert_locked(gguf: Path, target: Path, on_convert: Callable[[Path], None] | None = None,

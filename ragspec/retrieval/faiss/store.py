@@ -40,7 +40,7 @@ from ragspec.retrieval.base import (
     doc_id_for,
 )
 from ragspec.retrieval.bm25.index import BM25Index
-from ragspec.retrieval.errors import IndexCorruptError, IndexNotWritableError
+from ragspec.retrieval.errors import IndexCorruptError, not_saved
 from ragspec.retrieval.faiss import persist
 from ragspec.retrieval.faiss.ann import ApproxIndex, wanted
 from ragspec.retrieval.faiss.documents import (
@@ -233,10 +233,7 @@ class PassageStore(StoreBase):
             self._log = persist.append_snapshot(self.index_dir, self._log, self._log.base,
                                                 documents, passages, vectors, keywords)
         except OSError as exc:
-            raise IndexNotWritableError(
-                f"Could not save the index in {self.index_dir} ({exc}); the previous index is "
-                "unchanged. Check free disk space and permissions."
-            ) from exc
+            raise not_saved(self.index_dir, exc) from exc
         self._commit = self._log.commit
 
     def _save_all(self) -> None:
@@ -252,10 +249,7 @@ class PassageStore(StoreBase):
             self._log = persist.AppendLog(self._commit, self._commit, [])
             self._base_passages = len(passages)
         except OSError as exc:
-            raise IndexNotWritableError(
-                f"Could not save the index in {self.index_dir} ({exc}); the previous index is "
-                "unchanged. Check free disk space and permissions."
-            ) from exc
+            raise not_saved(self.index_dir, exc) from exc
 
     def _dim_or_zero(self) -> int:
         return self.embedder.dim if self.embedder is not None else 0

@@ -58,6 +58,7 @@ import atexit
 import json
 import logging
 import uuid
+from pathlib import Path
 
 import numpy as np
 
@@ -66,6 +67,7 @@ from ragspec.retrieval.errors import IndexCorruptError, RetrievalError
 from ragspec.retrieval.faiss import ann as faiss_ann
 from ragspec.retrieval.faiss import persist
 from ragspec.retrieval.lock import DEFAULT_LOCK_TIMEOUT, write_lock
+from ragspec.retrieval.milvus import integrity
 from ragspec.retrieval.milvus.client import (
     STRONG,
     IndexUnavailableError,
@@ -95,6 +97,7 @@ class MilvusStore(MilvusCollections, StoreBase):
         self._lc = None
         self._copies = LocalCopies(location)
         self._wrote = False  # committed since opened, or since the copies were last saved
+        self._unsealed = False  # this writer removed the Milvus Lite file's seal (integrity.py)
         self._load()
 
     @classmethod
@@ -110,6 +113,7 @@ class MilvusStore(MilvusCollections, StoreBase):
         store._init_common(None, DEFAULT_LOCK_TIMEOUT)
         store._client, store._lc = None, None
         store._copies, store._wrote = LocalCopies(location), False
+        store._unsealed = False
         return store
 
     @property
@@ -130,6 +134,23 @@ class MilvusStore(MilvusCollections, StoreBase):
         if self._wrote:
             self.finish()
         self._disconnect()
+        self._seal()
+
+    def _seal(self) -> None:
+        """A writer's last step on a Milvus Lite file: with its server stopped, record what the
+        file is (integrity.py), so that a reader can tell a damaged file from this one."""
+        atexit.unregister(self._seal)
+        if not self._unsealed:
+            return
+        self._unsealed = False
+        self._disconnect()
+        if self._commit in (None, "unknown"):
+            return  # nothing committed, or a commit this process cannot name: no seal
+        try:
+            integrity.seal(Path(self.location.uri), self._commit)
+        except OSError as exc:
+            logger.warning("%s was not sealed (%s); it is opened unchecked until the next "
+                           "writer seals it.", self.location.spec, exc)
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -137,6 +158,12 @@ class MilvusStore(MilvusCollections, StoreBase):
         self._dirty = False
         self._pending: dict[str, tuple[DocumentInfo, list[Passage], np.ndarray]] = {}
         self._retire: list[tuple[str, int]] = []
+        if self.location.lite:  # a damaged file is refused before anything is read from it
+            try:
+                integrity.check(Path(self.location.uri), self.location.spec, self._disk_commit)
+            except RetrievalError:
+                self._disconnect()  # the server the check may have started for it
+                raise
         manifest = self._manifest()
         if manifest is None:
             from ragspec.retrieval.milvus.schema import vector_index_from_env
@@ -293,6 +320,11 @@ class MilvusStore(MilvusCollections, StoreBase):
     def _recover(self) -> None:
         """Delete what a crashed commit left: rows newer than the manifest, and the rows of
         versions the last commit retired."""
+        if self.location.lite and not self._unsealed:
+            # Before Milvus writes anything: a writer that dies leaves no seal, not a false one.
+            integrity.unseal(Path(self.location.uri))
+            self._unsealed = True
+            atexit.register(self._seal)  # after `finish`, which registers later and runs first
         manifest = self._manifest()
         if manifest is None:
             return
