@@ -21,7 +21,7 @@ from ragspec.commands.common import (
     sampling_options,
     search_mode_option,
 )
-from ragspec.highlights import ShownStream
+from ragspec.highlights import ShownStream, shown_spans
 from ragspec.retrieval.errors import RetrievalError
 from ragspec.terminal import legend, printable, render_spans, stats_line
 
@@ -220,12 +220,13 @@ def _print_text(prepared, streams, greedy: bool, citer) -> None:
                       f"{verdict}")
     console.print(f"[dim]{legend(results[-1].spans)}[/]")
     console.print("[bold]Passages[/]")
-    for i, p in enumerate(passages_to_dicts(prepared, results[-1].spans)):
+    shown = shown_spans(results[-1].spans)  # the copies as marked above (--json keeps all)
+    for i, p in enumerate(passages_to_dicts(prepared, shown)):
         copied = sum(e - s for s, e in p["copied"])
         score = f" score {p['score']:.2f}" if p["score"] is not None else ""
         label = printable(passage_label(i, prepared.passages[i]))
         console.print(f" {escape(label)} (char {p['start']}){score} · {copied} characters copied")
-    _print_copied(console, prepared, results[-1].spans, citer)
+    _print_copied(console, prepared, shown, citer)
 
 
 def _print_copied(console, prepared, spans, citer) -> None:

@@ -123,6 +123,20 @@ def test_markdown_export_says_when_an_answer_stopped_repeating_itself(tmp_path):
     assert "*(The answer ends here because it started repeating itself" in text
 
 
+def test_markdown_export_lists_the_copies_the_chat_marks_not_pieces_of_words(tmp_path):
+    store = ch.ChatStore(tmp_path)
+    chat = saved_answer(store)
+    noise = [Span("It listens on port 7", [5], False),  # "43" of "7432", then a full stop
+             Span("43", [6], True, SpanOrigin(40, True, 0, 33, 35)), Span("2", [7], False),
+             Span(".", [8], True, SpanOrigin(42, True, 0, 41, 42))]
+
+    def pieces(c: dict) -> None:
+        c["messages"][1]["runs"] = [ch.run_dict("Speculation on", noise, STATS)]
+
+    text = chat_markdown(store.update(chat["id"], pieces))
+    assert "It listens on port 7432." in text and "**Copied from the documents**" not in text
+
+
 # -- the page ---------------------------------------------------------------------------------
 
 @pytest.fixture
