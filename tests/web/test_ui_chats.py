@@ -21,6 +21,8 @@ from ui_support import (
 
 from ragspec.cli import main
 from ragspec.decoding.types import GenerationStats, Span, SpanOrigin
+from ragspec.highlights import shown_spans
+from ragspec.quoting import span_from_dict
 from ragspec.retrieval.records import Passage
 from ragspec.web import chats as ch
 from ragspec.web.chat_export import chat_markdown
@@ -157,11 +159,13 @@ def test_a_reloaded_chat_shows_the_same_answer_highlights_and_passages(page):
     settle(at)
     chat_id = at.query_params["chat"]
     answer, passages = answers_html(at), passages_html(at)
-    assert len(answer) == 1 and '<mark class="rs-' in answer[0]  # a copy or a repeat
-    assert passages
+    assert len(answer) == 1 and passages
     saved = saved_chat(at)["messages"][-1]
     assert saved["status"] == "done" and saved["runs"][0]["spans"]
-    assert any(s["drafted"] for s in saved["runs"][0]["spans"])
+    assert any(s["drafted"] for s in saved["runs"][0]["spans"])  # every draft is saved...
+    # ... and marked when it shows copying (the tiny model's drafts are often bits of words)
+    shown = shown_spans([span_from_dict(s) for s in saved["runs"][0]["spans"]])
+    assert ('<mark class="rs-' in answer[0]) == any(r.drafted and r.text for r in shown)
 
     # a new browser session (a reload) with the chat in the address
     from streamlit.testing.v1 import AppTest
