@@ -82,16 +82,17 @@ def stop_note(stop_reason: str) -> str | None:
 
 def identical_verdict(baseline_ids: Sequence[int], spec_ids: Sequence[int],
                       greedy: bool) -> tuple[bool | None, str]:
-    """(identical?, message) comparing the speculation-off and -on answers."""
+    """(identical?, message) comparing the speculation-off and -on answers. Plain words, no
+    emoji (a front end adds its own icon: a browser without an emoji font shows empty boxes)."""
     if list(baseline_ids) == list(spec_ids):
-        return True, f"\u2705 Token-identical: both runs wrote the same {len(spec_ids)} tokens."
+        return True, f"Token-identical: both runs wrote the same {len(spec_ids)} tokens."
     if not greedy:
-        return None, ("\u2139\ufe0f The answers differ, as expected with sampling "
+        return None, ("The answers differ, as expected with sampling "
                       "(temperature > 0): each run draws its own tokens.")
     pairs = zip(baseline_ids, spec_ids, strict=False)
     first = next((i for i, (a, b) in enumerate(pairs) if a != b),
                  min(len(baseline_ids), len(spec_ids)))
-    return False, (f"\u274c Not identical: the answers diverge at token {first} "
+    return False, (f"Not identical: the answers diverge at token {first} "
                    f"(a floating-point near-tie; see docs/how-it-works.md, Exactness).")
 
 

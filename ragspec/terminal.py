@@ -37,13 +37,15 @@ DRAFT_STYLES = {"passage": DRAFT_STYLE, "answer": "underline", "prompt": "underl
 def render_spans(spans, console) -> None:
     """Print spans with accepted drafts marked by where they were copied from (DRAFT_STYLES)
     and quoted spans (found word for word in a passage by a server that reports no drafts) in
-    another colour."""
+    another colour; drafts as ragspec.highlights shows them (merged, the too-short ones plain:
+    a live answer feeds its spans through highlights.ShownStream first)."""
     from rich.text import Text
 
     from ragspec.describe import draft_source
+    from ragspec.highlights import shown_spans
 
     text = Text()
-    for span in spans:
+    for span in shown_spans(spans):
         source = draft_source(span)
         style = DRAFT_STYLES[source] if source else QUOTE_STYLE if getattr(span, "quoted", False) \
             else ""
@@ -54,6 +56,7 @@ def render_spans(spans, console) -> None:
 def legend(spans) -> str:
     """The rich-markup legend for what `render_spans` highlighted in these spans."""
     from ragspec.describe import draft_source
+    from ragspec.highlights import RULE
 
     parts = []
     if any(s.drafted for s in spans) or not any(getattr(s, "quoted", False) for s in spans):
@@ -64,6 +67,8 @@ def legend(spans) -> str:
     if any(getattr(s, "quoted", False) for s in spans):
         parts.append(f"[{QUOTE_STYLE}]quoted[/] = found word for word in a passage (the "
                      "server reports no drafts)")
+    if any(s.drafted for s in spans):
+        parts.append(f"adjacent drafts are marked as one; {RULE}")
     return " · ".join(parts)
 
 

@@ -3,7 +3,6 @@ against the speculation-off baseline."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import click
@@ -18,9 +17,11 @@ from ragspec.commands.common import (
     min_score_option,
     model_options,
     open_store,
+    readable_json,
     sampling_options,
     search_mode_option,
 )
+from ragspec.highlights import ShownStream, shown_spans
 from ragspec.retrieval.errors import RetrievalError
 from ragspec.terminal import legend, printable, render_spans, stats_line
 
@@ -51,7 +52,8 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
     passage reaches --min-score, no answer is generated (the model is not even loaded): ask says
     that the documents do not appear to hold the answer and shows the closest passages.
     --json prints {"answer": {...as generate --json...}|null, "passages": [...],
-    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}; every answer span
+    "baseline": {...}|null, "refused": true|false, "best_score": ..., ...}, indented, the
+    answer's text first and the token ids last (the prompt's at the very end); every answer span
     copied from a passage carries its "page", and from a PDF its "page_size", "rotation" and
     "boxes" ([x0, y0, x1, y1] in PDF page coordinates; null for an index ingested before boxes
     were kept: ingest the files again). An answer that
@@ -138,7 +140,7 @@ def _print_refusal(retrieval, as_json: bool) -> None:
 
     passages = hits_to_dicts(retrieval.hits)
     if as_json:
-        click.echo(json.dumps({
+        click.echo(readable_json({
             "answer": None, "passages": passages, "baseline": None,
             "question": retrieval.question, "standalone_question": retrieval.standalone_question,
             "model": None, **retrieval.to_dict(),
@@ -180,7 +182,7 @@ def _print_json(question, prepared, streams, model_name: str, retrieval, citer) 
     if compare:
         out["speedup"] = seconds_speedup(results[0].stats.seconds, results[1].stats.seconds)
         out["identical"] = results[0].token_ids == results[1].token_ids
-    click.echo(json.dumps(out))
+    click.echo(readable_json(out))
 
 
 def _print_text(prepared, streams, greedy: bool, citer) -> None:
@@ -201,8 +203,10 @@ def _print_text(prepared, streams, greedy: bool, citer) -> None:
             # drafts with the last chunk): print the answer once it is complete.
             render_spans(stream.result().spans, console)
         else:
+            shown = ShownStream()  # a drafted run waits until the next text shows its end
             for span in stream:
-                render_spans([span], console)
+                render_spans(shown.feed(span), console)
+            render_spans(shown.finish(), console)
         console.print()
         results.append(stream.result())
         console.print(f"[dim]{stats_line(results[-1].stats)}[/]")
@@ -216,12 +220,13 @@ def _print_text(prepared, streams, greedy: bool, citer) -> None:
                       f"{verdict}")
     console.print(f"[dim]{legend(results[-1].spans)}[/]")
     console.print("[bold]Passages[/]")
-    for i, p in enumerate(passages_to_dicts(prepared, results[-1].spans)):
+    shown = shown_spans(results[-1].spans)  # the copies as marked above (--json keeps all)
+    for i, p in enumerate(passages_to_dicts(prepared, shown)):
         copied = sum(e - s for s, e in p["copied"])
         score = f" score {p['score']:.2f}" if p["score"] is not None else ""
         label = printable(passage_label(i, prepared.passages[i]))
         console.print(f" {escape(label)} (char {p['start']}){score} · {copied} characters copied")
-    _print_copied(console, prepared, results[-1].spans, citer)
+    _print_copied(console, prepared, shown, citer)
 
 
 def _print_copied(console, prepared, spans, citer) -> None:

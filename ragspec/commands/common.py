@@ -4,6 +4,7 @@ store opener, and the generation config built from options. Errors become one cl
 
 from __future__ import annotations
 
+import json
 import os
 
 import click
@@ -213,3 +214,22 @@ def open_store(index: str | None, *, with_embedder: bool = True,
             f"`ragspec ingest PATH...` first"
         )
     return store
+
+
+def readable_json(value) -> str:
+    """`value` as JSON for a person at a terminal as much as for a program: objects indented,
+    one key a line, so `| head` shows the first keys (the answer); lists of plain values
+    (token ids, boxes' coordinates, ranges) kept on one line each."""
+
+    def encode(v, depth: int) -> str:
+        pad = "  " * depth
+        if isinstance(v, dict) and v:
+            items = [f'{pad}  {json.dumps(str(k), ensure_ascii=False)}: {encode(x, depth + 1)}'
+                     for k, x in v.items()]
+            return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+        if isinstance(v, list) and any(isinstance(x, dict | list) for x in v):
+            items = [f"{pad}  {encode(x, depth + 1)}" for x in v]
+            return "[\n" + ",\n".join(items) + f"\n{pad}]"
+        return json.dumps(v, ensure_ascii=False)
+
+    return encode(value, 0)

@@ -16,6 +16,7 @@ from ragspec.commands.common import (
     model_options,
     sampling_options,
 )
+from ragspec.highlights import ShownStream
 from ragspec.terminal import legend, printable, render_spans, stats_line
 
 MAX_PROMPT_FILE_BYTES = 4 * 1024 * 1024
@@ -100,11 +101,13 @@ def generate(prompt, prompt_file, max_new_tokens, raw, stop, as_json, temperatur
     from rich.console import Console
 
     console = Console(highlight=False, soft_wrap=True)
+    shown = ShownStream()  # a drafted run waits until the next text shows where it ends
     for span in stream:
-        render_spans([span], console)
+        render_spans(shown.feed(span), console)
+    render_spans(shown.finish(), console)
     console.print()
     err = Console(stderr=True, highlight=False)
-    err.print(f"[dim]{stats_line(stream.stats)} · [black on green]highlighted[/] = accepted drafts[/]")
+    err.print(f"[dim]{stats_line(stream.stats)} · {legend(stream.result().spans)}[/]")
     sys.stdout.flush()
 
 

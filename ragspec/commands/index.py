@@ -222,6 +222,16 @@ def remove(docs: tuple[str, ...], index: str | None, as_json: bool) -> None:
         sys.exit(1)
 
 
+# The line above `search`'s passages: which order they are in, so that similarities out of
+# order in hybrid mode read as the ranking they are, not as a bug.
+_ORDER = {
+    "hybrid": "Ranked by hybrid search: embedding similarity and keyword (BM25) ranks fused "
+              "(reciprocal-rank fusion), so a passage that matches the query's words can rank "
+              "above a more similar one. --search-mode dense ranks by similarity alone.",
+    "dense": "Ranked by embedding similarity (cosine).",
+}
+
+
 @click.command("search")
 @click.argument("query", nargs=-1, required=True)
 @click.option("-k", "k", type=click.IntRange(min=1), default=4, show_default=True,
@@ -231,9 +241,11 @@ def remove(docs: tuple[str, ...], index: str | None, as_json: bool) -> None:
 @json_option
 def search(query: tuple[str, ...], k: int, search_mode: str, index: str | None,
            as_json: bool) -> None:
-    """Show the passages that best match QUERY, with score (cosine similarity), source, page
-    and offset. --json adds "fused" in hybrid mode: the reciprocal-rank fusion score the
-    passages are ordered by."""
+    """Show the passages that best match QUERY, with their similarity (cosine), source, page
+    and offset. In hybrid mode (the default) they are ordered by the fused ranking of
+    similarity and keyword (BM25) ranks, so the similarities need not descend; a line above
+    the passages says which order they are in. --json adds "fused" in hybrid mode: the
+    reciprocal-rank fusion score the passages are ordered by."""
     store = open_store(index)
     try:
         hits = store.search(" ".join(query), k=k, mode=search_mode)
@@ -252,10 +264,13 @@ def search(query: tuple[str, ...], k: int, search_mode: str, index: str | None,
         click.echo(f"The index in {printable(str(store.index_dir))} is empty; add files with "
                    "`ragspec ingest PATH`.")
         return
+    click.echo(_ORDER[search_mode])
+    click.echo()
     for rank, h in enumerate(hits, start=1):
         page = f" p.{h.passage.page}" if h.passage.page is not None else ""
-        click.echo(f"[{rank}] {h.score:.3f}  {printable(h.passage.source)}{page} "
-                   f"@{h.passage.start}")
+        fused = f" · fused {h.fused:.4f}" if h.fused is not None else ""
+        click.echo(f"[{rank}] similarity {h.score:.3f}{fused}  {printable(h.passage.source)}"
+                   f"{page} @{h.passage.start}")
         text = printable(" ".join(h.passage.text.split()))
         click.echo(textwrap.indent(textwrap.fill(text, 96), "    "))
         click.echo()

@@ -293,10 +293,12 @@ class GenerationResult:
 
     def to_dict(self) -> dict:
         s = self.stats
+        # The text first and the prompt's token ids (often a thousand) last: read from the top,
+        # a --json answer shows what it says before the numbers.
         return {
             "text": self.text,
-            "prompt_token_ids": list(self.prompt_token_ids),
-            "token_ids": list(self.token_ids),
-            "spans": [sp.to_dict() for sp in self.spans],
             "stats": s.to_dict(),
+            "spans": [sp.to_dict() for sp in self.spans],
+            "token_ids": list(self.token_ids),
+            "prompt_token_ids": list(self.prompt_token_ids),
         }

@@ -2,8 +2,9 @@
 and the server-sent-event framing (`data: {...}` lines, then `data: [DONE]`).
 
 Contract: pure functions of plain values. The `ragspec` extension rides as one extra top-level
-key of the whole response, and of the last chunk of a stream (the one with finish_reason);
-clients that do not know it ignore it.
+key of the whole response, and of the chunk of a stream that carries the finish_reason (the
+last one with a choice; with stream_options.include_usage the usage chunk, no choices, follows
+it and is last, as in OpenAI's API); clients that do not know it ignore it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Contract: `chat_markdown(chat)` takes a chat dict as ragspec.web.chats stores it and returns Markdown.
 Answers are quoted as written; each answer is followed by its passages, numbered as the answer
 cites them ([1], [2], ...), with file name, page and the passage text as a block quote, after a
-list of the spans the answer copied, each with its passage number, file name and page. A
+list of the spans the answer copied (as the chat marks them: ragspec.highlights), each with its
+passage number, file name and page. A
 side-by-side answer exports its last run (speculation on), which is the one the chat shows
 with provenance. Stopped, failed and interrupted answers say so, and so do answers that ended
 because they started repeating themselves or reached the length limit.
@@ -12,6 +13,7 @@ because they started repeating themselves or reached the length limit.
 from __future__ import annotations
 
 from ragspec.describe import PASSAGE, draft_source, passage_label, source_label, stop_note
+from ragspec.highlights import shown_spans
 from ragspec.search import NOT_IN_DOCUMENTS
 from ragspec.web.chats import answer_record
 
@@ -56,7 +58,7 @@ def _copied(record: dict) -> list[str]:
         return []
     passages = record["passages"]
     lines = []
-    for span in record["runs"][-1]["spans"]:
+    for span in shown_spans(record["runs"][-1]["spans"]):  # as the chat marks them
         o = span.origin
         if (draft_source(span) != PASSAGE or not isinstance(o.source, int)
                 or not 0 <= o.source < len(passages) or not span.text.strip()):

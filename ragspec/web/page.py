@@ -88,7 +88,7 @@ def open_chat(chats: ChatStore) -> dict | None:
 
 # -- page ---------------------------------------------------------------------------------------
 
-st.set_page_config(page_title="ragspec", page_icon="📄", layout="wide")
+st.set_page_config(page_title="ragspec", page_icon=":material/description:", layout="wide")
 st.markdown(rd.STYLE, unsafe_allow_html=True)
 who = signin.gate()  # the sign-in form ends the run here for a visitor who has not signed in
 chats = ChatStore(paths.home() / "chats", user=who.name,

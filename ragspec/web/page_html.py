@@ -18,7 +18,8 @@ Accepted drafts copied from a passage are <mark class="rs-draft"> (highlighted) 
 rendered with their copied ranges marked the same way. Accepted drafts copied from the answer's
 own earlier text or from other prompt text (the question, the instruction) are not sources: they
 are <mark class="rs-echo"> (a dotted underline, no highlight) and their title says where they
-repeat from (ragspec.describe.draft_source).
+repeat from (ragspec.describe.draft_source). Both are marked only as ragspec.highlights shows
+them: adjacent drafts merged, a draft too short to show copying left plain (the legend says so).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 
 from ragspec.describe import PASSAGE, draft_source, merge_ranges, passage_label
+from ragspec.highlights import RULE, shown_spans
 from ragspec.terminal import printable
 
 DRAFT_COLOUR = "#ffe38a"
@@ -112,7 +114,7 @@ def spans_html(spans: Iterable, passages: Sequence = (),
     """The answer as one HTML line: drafted spans marked, with provenance on hover; with
     `href` (passage index -> address), a span copied from a passage links to its source view."""
     out = []
-    for span in spans:
+    for span in shown_spans(spans):
         inner = escape_text(span.text)
         if not inner:
             continue
@@ -136,7 +138,7 @@ def sources_html(spans: Iterable, passages: Sequence = ()) -> str:
     source; repeats of the answer's own text or of the question are counted, not listed as
     sources."""
     items, repeats = [], 0
-    for span in spans:
+    for span in shown_spans(spans):
         source = draft_source(span)
         if source == PASSAGE:
             items.append(f"<li>{_mark(escape_text(span.text), span_title(span, passages))} "
@@ -184,7 +186,8 @@ def legend_html(quoted: bool = False) -> str:
             f'n-gram drafter and confirmed by the model in one forward pass (hover it to see '
             f'the passage); <mark class="rs-echo-legend" style="{ECHO_STYLE}">underlined</mark>'
             f' = accepted draft repeating the answer\'s own earlier text or the question: not '
-            f'a source; plain text = written by the model token by token.</div>')
+            f'a source; plain text = written by the model token by token. Adjacent drafts are '
+            f'marked as one; {RULE}.</div>')
 
 
 

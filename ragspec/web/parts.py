@@ -17,6 +17,7 @@ import streamlit as st
 from ragspec import describe
 from ragspec.accounts import audit, policy
 from ragspec.decoding.types import DraftConfig
+from ragspec.highlights import shown_spans
 from ragspec.pipeline import PipelineConfig
 from ragspec.retrieval.records import SEARCH_MODES
 from ragspec.search import DEFAULT_MIN_SCORE, DEFAULT_SEARCH, NOT_IN_DOCUMENTS
@@ -39,6 +40,12 @@ def show_question(text: str) -> None:
 
 
 # -- answers ------------------------------------------------------------------------------------
+
+# The side-by-side verdict (describe.identical_verdict): how it is shown, with which icon. Icons
+# from Streamlit's Material set, never emoji: a browser without an emoji font (Debian's
+# Chromium) shows emoji as empty boxes.
+_VERDICTS = {True: (st.success, ":material/check_circle:"), False: (st.error, ":material/cancel:"),
+             None: (st.info, ":material/info:")}
 
 _INTERRUPTED = ("This answer was interrupted (the server stopped while it was being written); "
                 "what was written is kept.")
@@ -73,17 +80,18 @@ def show_answer(record: dict, href=None) -> None:
     if note and status != "stopped":
         st.caption(md(note))
     if status == "stopped":
-        st.caption("\u23f9 Stopped: the answer ends where Stop was pressed.")
+        st.caption(":material/stop: Stopped: the answer ends where Stop was pressed.")
     elif len(runs) > 1:
         ok, message = describe.identical_verdict(runs[0]["token_ids"], runs[1]["token_ids"],
                                            record["greedy"])
-        {True: st.success, False: st.error, None: st.info}[ok](message)
+        show, icon = _VERDICTS[ok]
+        show(message, icon=icon)
     show_sources(runs[-1]["spans"], passages, record["scores"], href)
 
 
 def show_refusal(passages, scores) -> None:
     """The "not in your documents" reply: no answer was generated; the closest passages."""
-    st.info("\U0001F50E " + NOT_IN_DOCUMENTS)
+    st.info(NOT_IN_DOCUMENTS, icon=":material/search:")
     st.caption("The relevance floor is in the sidebar's Advanced settings (0 turns it off).")
     for i, p in enumerate(passages):
         score = f" · score {scores[i]:.2f}" if i < len(scores) and scores[i] is not None else ""
@@ -96,7 +104,7 @@ def speed_line(run: dict, baseline: dict | None) -> str:
     """The answer's speed in one line: tokens/s, tokens and seconds, and against speculation
     off when the answer was run side by side."""
     s = run["stats"]
-    line = f"\u26a1 {s.tokens_per_s:.1f} tokens/s \u00b7 {s.new_tokens} tokens in {s.seconds:.2f} s"
+    line = f":material/bolt: {s.tokens_per_s:.1f} tokens/s \u00b7 {s.new_tokens} tokens in {s.seconds:.2f} s"
     if baseline:
         speedup = describe.seconds_speedup(baseline["stats"].seconds, s.seconds)
         line += f" \u00b7 {speedup:.2f}\u00d7 speculation off"
@@ -128,11 +136,12 @@ def show_stats(run: dict, baseline: dict | None) -> None:
 
 
 def show_sources(spans, passages, scores, href=None) -> None:
-    copies = [sp for sp in spans if describe.draft_source(sp) == describe.PASSAGE]
-    if any(sp.drafted for sp in spans):
+    shown = shown_spans(spans)  # as the answer marks them: merged, the too-short ones plain
+    copies = [sp for sp in shown if describe.draft_source(sp) == describe.PASSAGE]
+    if any(sp.drafted for sp in shown):
         with st.expander(f"Where the highlighted spans came from ({len(copies)})"):
             st.markdown(rd.sources_html(spans, passages), unsafe_allow_html=True)
-    copied = describe.copied_ranges(spans)
+    copied = describe.copied_ranges(shown)
     quoted = describe.copied_ranges(spans, quoted=True)
     if quoted:
         st.markdown(rd.legend_html(quoted=True), unsafe_allow_html=True)
@@ -150,7 +159,7 @@ def show_sources(spans, passages, scores, href=None) -> None:
 def _waiting_text(snap: dict) -> str:
     phase, ahead = snap["phase"], snap["ahead"]
     if phase == "waiting":
-        return f"\u23f3 Waiting for {ahead} answer{'s' if ahead != 1 else ''} ahead"
+        return f":material/hourglass_top: Waiting for {ahead} answer{'s' if ahead != 1 else ''} ahead"
     if phase == "loading" and not snap["model_loaded"]:
         first = " (its first start converts it, ~30 s)" if snap["bundled"] else ""
         return f"Loading the model {md(snap['model'])}{first}..."
@@ -182,7 +191,7 @@ def live_answer(chat_id: str) -> None:
     if job.stop_requested:
         st.caption("Stopping...")
     else:
-        st.button("\u23f9 Stop", key="stop-answer", on_click=job.stop,
+        st.button("Stop", icon=":material/stop:", key="stop-answer", on_click=job.stop,
                   help="End this answer at the next step and keep what was written.")
 
 
@@ -193,7 +202,7 @@ def sidebar_chats(chats: ChatStore, current: str | None, who: policy.Principal) 
     """New chat, and the saved chats this user may see (most recent first), each to open or
     delete."""
     st.header("Chats")
-    if st.button("\u2795 New chat", key="new-chat", use_container_width=True):
+    if st.button("New chat", icon=":material/add:", key="new-chat", use_container_width=True):
         st.query_params.clear()
         st.rerun()
     summaries = chats.list()
@@ -206,7 +215,8 @@ def sidebar_chats(chats: ChatStore, current: str | None, who: policy.Principal) 
                        type="primary" if c.id == current else "secondary"):
             st.query_params["chat"] = c.id
             st.rerun()
-        if right.button("\u2715", key=f"delete-chat-{c.id}", help=f"Delete the chat “{label}”"):
+        if right.button("", icon=":material/close:", key=f"delete-chat-{c.id}",
+                        help=f"Delete the chat “{label}”"):
             try:
                 chats.delete(c.id)  # refused for a chat this user may not see
             except ChatError as exc:
@@ -267,18 +277,42 @@ def sidebar_documents(store, lock, upload_root: Path, who: policy.Principal,
         left, right = st.columns([4, 1])
         left.markdown(f"<div>{rd.escape_text(name, inline=True)} <small>({doc.passages} "
                       f"passages)</small></div>", unsafe_allow_html=True)
-        if manages and right.button("\u2715", key=f"remove-{doc.doc_id}",
+        if manages and right.button("", icon=":material/close:", key=f"remove-{doc.doc_id}",
                                     help=f"Remove {md(name)} ({doc.doc_id[:8]}) from the index"):
-            try:
-                policy.require_manage(who, collection)  # checked again where it happens
-                uploads.remove_document(store, doc.doc_id, doc.source, upload_root, lock=lock)
-            except Exception as exc:  # a store error names the index folder: log it, say less
-                st.error(md(f"Could not remove {name}: "
-                            f"{public_message(exc, 'Removing the document')}"))
-            else:
-                audit.record("remove", who.label, collection=collection, doc_id=doc.doc_id,
-                             name=name)
-                st.rerun()
+            st.session_state[_CONFIRM_REMOVE] = doc.doc_id  # asked, not done: see below
+        if manages and st.session_state.get(_CONFIRM_REMOVE) == doc.doc_id:
+            _confirm_remove(store, lock, upload_root, who, collection, doc, name)
+
+
+# The document whose removal waits for its confirmation (one at a time, per browser session).
+_CONFIRM_REMOVE = "confirm_remove"
+
+
+def _confirm_remove(store, lock, upload_root: Path, who: policy.Principal, collection: str, doc,
+                    name: str) -> None:
+    """The question under a document whose remove button was clicked: removing it deletes its passages
+    from the index for everyone who searches this collection, and cannot be undone here (the
+    file has to be uploaded again), so it takes a second, explicit click."""
+    st.warning(md(f"Remove {name} from the index? Its {doc.passages} passages are deleted for "
+                  f"everyone; to get them back, upload the file again."),
+               icon=":material/delete:")
+    yes, no = st.columns(2)
+    if no.button("Cancel", key=f"cancel-remove-{doc.doc_id}", use_container_width=True):
+        st.session_state.pop(_CONFIRM_REMOVE, None)
+        st.rerun()
+    if not yes.button("Remove", key=f"confirm-remove-{doc.doc_id}", type="primary",
+                      use_container_width=True):
+        return
+    st.session_state.pop(_CONFIRM_REMOVE, None)
+    try:
+        policy.require_manage(who, collection)  # checked again where it happens
+        uploads.remove_document(store, doc.doc_id, doc.source, upload_root, lock=lock)
+    except Exception as exc:  # a store error names the index folder: log it, say less
+        st.error(md(f"Could not remove {name}: "
+                    f"{public_message(exc, 'Removing the document')}"))
+    else:
+        audit.record("remove", who.label, collection=collection, doc_id=doc.doc_id, name=name)
+        st.rerun()
 
 
 def _ingest_one(f, store, lock, upload_root: Path, who: policy.Principal,

@@ -29,6 +29,7 @@ import streamlit as st
 
 from ragspec.citations import Citer
 from ragspec.describe import copied_ranges, merge_ranges
+from ragspec.highlights import shown_spans
 from ragspec.source_pages import (
     DEFAULT_SCALE,
     SourceError,
@@ -119,7 +120,8 @@ def show(store, chat_id: str, record: dict | None, message: int, passage: int,
     except SourceError as exc:
         st.warning(rd.escape_text(str(exc), inline=True))
         return
-    spans = record["runs"][-1]["spans"] if record["runs"] else []
+    # the copies as the answer marks them (ragspec.highlights): merged, the too-short ones not
+    spans = shown_spans(record["runs"][-1]["spans"]) if record["runs"] else []
     if source.is_pdf and cited.page is not None:
         _show_pdf(store, source, chat_id, message, passage, passages, spans, page or cited.page)
     else:

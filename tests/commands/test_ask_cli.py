@@ -77,3 +77,33 @@ def test_ask_prints_answer_stats_and_passages(indexed):
     assert result.exit_code == 0, result.output
     assert "tokens in" in result.output and "Passages" in result.output
     assert "metrics.txt" in result.output
+
+
+@pytest.mark.slow
+def test_ask_json_reads_from_the_top_answer_first_token_ids_last(indexed):
+    """`ragspec ask --json | head` shows the answer: indented JSON whose first lines hold the
+    answer's text, with the token ids (the prompt's: hundreds) at the end."""
+    result = CliRunner().invoke(ask, [QUESTION, "--json", "-k", "1", "--max-new-tokens", "12"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    head = "\n".join(result.stdout.splitlines()[:10])
+    assert f'"text": {json.dumps(out["answer"]["text"], ensure_ascii=False)}' in head, head
+    assert '"prompt_token_ids"' not in head  # not one long line: the head is not the whole
+    assert list(out)[0] == "answer"
+    assert list(out["answer"])[0] == "text" and list(out["answer"])[-1] == "prompt_token_ids"
+    lines = result.stdout.splitlines()
+    ids_line = next(i for i, line in enumerate(lines) if '"prompt_token_ids"' in line)
+    assert ids_line > next(i for i, line in enumerate(lines) if '"spans"' in line)
+
+
+def test_readable_json_is_the_same_value_one_key_a_line_lists_of_numbers_kept_whole():
+    from ragspec.commands.common import readable_json
+
+    value = {"answer": {"text": "Port 7431.\n", "spans": [{"token_ids": [5, 6], "origin": None}],
+                        "token_ids": list(range(900))},
+             "passages": [], "boxes": [[1.5, 2.0, 3.0, 4.0]], "empty": {}, "score": None}
+    text = readable_json(value)
+    assert json.loads(text) == value
+    lines = text.splitlines()
+    assert lines[:3] == ["{", '  "answer": {', '    "text": "Port 7431.\\n",']
+    assert f'    "token_ids": {json.dumps(list(range(900)))}' in lines

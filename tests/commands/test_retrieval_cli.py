@@ -98,7 +98,24 @@ def test_search_json_has_score_text_source_page_and_start(home):
     assert hits[0]["source"].endswith("operations-guide.pdf") and hits[0]["page"] == 2
     assert "E207" in hits[0]["text"]
     plain = run("search", "E207 low disk space").stdout
-    assert plain.startswith("[1] ") and "operations-guide.pdf p.2 @" in plain
+    assert "\n[1] similarity " in plain and "operations-guide.pdf p.2 @" in plain
+
+
+def test_search_says_which_order_its_passages_are_in(home):
+    """Hybrid mode orders by the fused ranking, so the similarities printed need not descend:
+    the output says so, and prints the fused score each row is ranked by."""
+    run("ingest", str(CORPUS))
+    hybrid = run("search", "E207", "low", "disk", "space", "--search-mode", "hybrid").stdout
+    assert hybrid.splitlines()[0].startswith("Ranked by hybrid search")
+    rows = [line for line in hybrid.splitlines() if line.startswith("[")]
+    assert rows and all(" similarity " in r and " · fused " in r for r in rows), rows
+    fused = [float(r.split(" · fused ")[1].split()[0]) for r in rows]
+    assert fused == sorted(fused, reverse=True)  # the order the header names
+    dense = run("search", "E207", "low", "disk", "space", "--search-mode", "dense").stdout
+    assert dense.splitlines()[0] == "Ranked by embedding similarity (cosine)."
+    rows = [line for line in dense.splitlines() if line.startswith("[")]
+    similarity = [float(r.split(" similarity ")[1].split()[0]) for r in rows]
+    assert similarity == sorted(similarity, reverse=True) and " fused " not in dense
 
 
 def test_search_validates_k_as_usage_error(home):

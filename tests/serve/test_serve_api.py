@@ -8,6 +8,7 @@ import base64
 import json
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -21,6 +22,7 @@ from ragspec.models.load import chat_prompt_ids
 from ragspec.search import NOT_IN_DOCUMENTS
 from ragspec.serve.malformed import malformed_requests
 
+REPO = Path(__file__).resolve().parents[2]
 QUESTION = "Which port does the metrics endpoint listen on?"
 
 
@@ -115,6 +117,26 @@ def test_raw_http_reads_the_ragspec_extension_whole_and_streamed(server, tiny_to
     assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
     events = [json.loads(line[6:]) for line in lines[:-1]]
     assert [e for e in events if "ragspec" in e][-1]["ragspec"]["spans"] == ext["spans"]
+
+
+def test_api_docs_name_the_chunk_that_carries_the_ragspec_object(server):
+    """With stream_options.include_usage the usage chunk is last (empty choices, as OpenAI's
+    API sends it); the `ragspec` object rides on the chunk with the finish_reason before it,
+    and docs/api.md says exactly that."""
+    body = {"model": "ragspec", "max_tokens": 20, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": QUESTION}]}
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body,
+                      timeout=60) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines()
+                  if line and line != "data: [DONE]"]
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] >= 1
+    (carrier,) = [e for e in events if "ragspec" in e]
+    assert carrier is events[-2] and carrier["choices"][0]["finish_reason"]
+    api = " ".join((REPO / "docs" / "api.md").read_text().split())
+    said = api[api.index("adds a top-level `ragspec` object"):][:400]
+    assert "the chunk whose choice carries the `finish_reason`" in said, said
+    assert "usage chunk, with empty `choices`, comes after it and last" in said, said
 
 
 def test_below_the_relevance_floor_the_answer_is_a_refusal(client):

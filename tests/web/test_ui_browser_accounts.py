@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import time
+import unicodedata
 
 import pytest
 from test_ui_browser import CHROMIUM, SIDEBAR, chromium, serving  # noqa: F401 (fixture)
@@ -87,6 +88,12 @@ def test_browser_roles_sessions_and_sign_out(chromium, tmp_path):  # noqa: F811
         # the message is drawn before the document list below it: wait for the list's button
         remove_buttons(owner).first.wait_for()
         assert remove_buttons(owner).count() == 1
+        # Icons are Material icons, drawn by the page's own font: no emoji (Debian's Chromium
+        # has no emoji font and shows them as empty boxes)
+        icons = owner.locator(f'{SIDEBAR} .st-key-new-chat [data-testid="stIconMaterial"]')
+        assert icons.first.inner_text() == "add"
+        assert remove_buttons(owner).first.locator('[data-testid="stIconMaterial"]').count()
+        assert not [c for c in sidebar_text(owner) if unicodedata.category(c) == "So"]
         assert "max's question" not in sidebar_text(owner)  # members' chats are theirs
 
         # -- a member: her chat only, no upload box, no remove buttons
@@ -112,7 +119,12 @@ def test_browser_roles_sessions_and_sign_out(chromium, tmp_path):  # noqa: F811
         member.get_by_role("button", name="Sign in").wait_for()
         assert member.get_by_placeholder(ASK).count() == 0
 
-        remove_buttons(owner).first.locator("button").first.click()  # the owner can
+        remove_buttons(owner).first.locator("button").first.click()  # the owner can, when
+        confirm = owner.locator(f'{SIDEBAR} .stElementContainer[class*="st-key-confirm-remove-"]'
+                                f' button')  # ... asked first
+        confirm.first.wait_for()
+        assert "larkspur.md" in sidebar_text(owner)
+        confirm.first.click()
         owner.get_by_text("No documents yet").first.wait_for()
         for page in (owner, member):
             assert "$argon2" not in page.content()
