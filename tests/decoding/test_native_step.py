@@ -395,7 +395,9 @@ def test_prompt_pieces_ride_in_the_decoding_sequences_native_call_with_the_solo_
 
     model, _, _ = pairs["llama"]
     vocab = model.config.vocab_size
-    gen = Generator(model, tiny_tokenizer, eos_token_ids=[vocab])  # an id no logit can pick
+    # eos: an id no logit can pick; no prompt cache, so that the newcomers' prompts are read
+    # here, beside the first answer, not restored from their solo runs' pages
+    gen = Generator(model, tiny_tokenizer, eos_token_ids=[vocab], prompt_cache_bytes=0)
     configs = [GenerationConfig(max_new_tokens=40, draft=DraftConfig(enabled=False)),
                *(GenerationConfig(max_new_tokens=40 - 5 * i,
                                   draft=DraftConfig(adaptive=i % 2 == 0)) for i in range(1, 4))]

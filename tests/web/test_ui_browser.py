@@ -98,26 +98,23 @@ def open_page(browser, url: str):
     return page
 
 
-def open_advanced(page, inside, state: str = "visible") -> None:
-    """Open the sidebar's "Advanced" expander until `inside` (a locator of something in it)
-    reaches `state`. A rerun still under way (after an upload, on a slow machine) can redraw
-    the expander closed, take the click, or show its old and new copies at once for a moment:
-    so the first copy is clicked, and again until what it holds is there."""
+def open_advanced(page, inside) -> None:
+    """Open the sidebar's "Advanced" expander until `inside` (a locator of something in it) is
+    visible. A rerun still under way (after an upload, on a slow machine) can redraw the
+    expander closed, take the click, or show its old and new copies at once for a moment: so
+    the first copy is clicked, and again until what it holds is there."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    def there() -> bool:
-        return inside.is_visible() if state == "visible" else inside.count() > 0
-
     for _ in range(4):
-        if there():
+        if inside.is_visible():
             return
         page.locator(SIDEBAR).get_by_text("Advanced", exact=True).first.click()
         try:
-            inside.wait_for(state=state, timeout=20_000)
+            inside.wait_for(timeout=20_000)
         except PlaywrightTimeout:
             continue
         return
-    inside.wait_for(state=state)
+    inside.wait_for()
 
 
 def set_toggle(page, label: str, on: bool) -> None:
