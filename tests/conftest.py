@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from full_disk import disk  # noqa: F401 (a fixture for every test: a small disk that fills up)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fakes import HashEmbedder
-from full_disk import FullDisk, snapshot
+from full_disk import snapshot
 
 import ragspec.loading as loading
 from ragspec.cli import main
@@ -20,14 +20,11 @@ FULL = "the disk is full (no space left on device); free some space there"
 
 
 @pytest.fixture
-def disk(tmp_path, monkeypatch):
+def disk(disk, tmp_path, monkeypatch):
+    """The full-able disk (tests/support/full_disk.py), with the hash embedder and a home."""
     monkeypatch.setattr(loading, "cached_embedder", lambda name: HashEmbedder())
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
-    made = FullDisk(tmp_path, monkeypatch)
-    try:
-        yield made
-    finally:
-        made.close()
+    return disk
 
 
 def run(*args: str, stdin: str | None = None):

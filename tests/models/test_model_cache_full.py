@@ -11,22 +11,11 @@ import errno
 import pytest
 from click.testing import CliRunner
 from conftest import save_model_folder
-from full_disk import FullDisk, snapshot
+from full_disk import FULL, snapshot
 
 from ragspec.cli import main
 from ragspec.fileio import WriteFailed
 from ragspec.models.gguf import make_locked
-
-FULL = "the disk is full (no space left on device)"
-
-
-@pytest.fixture
-def disk(tmp_path, monkeypatch):
-    made = FullDisk(tmp_path, monkeypatch)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def test_generate_with_a_full_model_cache_says_the_disk_is_full(tmp_path, disk, monkeypatch,

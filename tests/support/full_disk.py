@@ -93,10 +93,15 @@ def snapshot(folder: Path) -> dict[str, bytes]:
             and not (p.name.endswith(".lock") and p.stat().st_size == 0)}
 
 
+# the one-line cause a write on a full disk gives (ragspec.fileio.WriteFailed)
+FULL = "the disk is full (no space left on device)"
+
+
 @pytest.fixture
-def full_disk(tmp_path, monkeypatch):
-    disk = FullDisk(tmp_path, monkeypatch)
+def disk(tmp_path, monkeypatch):
+    """A small full-able filesystem under tmp_path (FullDisk), taken down when the test ends."""
+    made = FullDisk(tmp_path, monkeypatch)
     try:
-        yield disk
+        yield made
     finally:
-        disk.close()
+        made.close()

@@ -8,23 +8,12 @@ from __future__ import annotations
 import html
 
 import pytest
-from full_disk import FullDisk, snapshot
+from full_disk import FULL, snapshot
 from ui_support import METRICS_DOC, fast_page, new_session, tiny_model_folder
 
 from ragspec import fileio
 from ragspec.web import chats as ch
 from ragspec.web.public_errors import public_message
-
-FULL = "the disk is full (no space left on device)"
-
-
-@pytest.fixture
-def disk(tmp_path, monkeypatch):
-    made = FullDisk(tmp_path, monkeypatch)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def test_every_chat_write_on_a_full_disk_raises_one_line_and_changes_nothing(disk):
