@@ -185,3 +185,23 @@ def tiny_gen(tiny_model, tiny_tokenizer):
     from ragspec.decoding.engine import Generator
 
     return Generator(tiny_model, tiny_tokenizer, eos_token_ids=[2])
+
+
+@pytest.fixture
+def opened():
+    """Opens indexes (ragspec.retrieval.backends.open_index; the hash embedder unless one is
+    given) and closes every one it opened when the test ends."""
+    from fakes import HashEmbedder
+
+    from ragspec.retrieval import backends
+
+    stores = []
+
+    def open_(where, embedder=None):
+        store = backends.open_index(where, embedder or HashEmbedder())
+        stores.append(store)
+        return store
+
+    yield open_
+    for store in stores:
+        store.close()

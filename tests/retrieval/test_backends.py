@@ -45,20 +45,6 @@ def docs(tmp_path):
     return folder
 
 
-@pytest.fixture
-def opened():
-    stores = []
-
-    def open_(where, embedder=None):
-        store = backends.open_index(where, embedder or HashEmbedder())
-        stores.append(store)
-        return store
-
-    yield open_
-    for store in stores:
-        store.close()
-
-
 def _reopen(opened, store):
     store.close()
     return opened(store.index_dir if isinstance(store.index_dir, str) else str(store.index_dir))

@@ -9,28 +9,12 @@ import os
 import shutil
 
 import pytest
-from fakes import HashEmbedder
 
-from ragspec.retrieval import backends
 from ragspec.retrieval.errors import IndexCorruptError
 from ragspec.retrieval.ingest import ingest_paths
 from ragspec.retrieval.milvus import integrity
 
 QUERY = "namespace quota exhausted"
-
-
-@pytest.fixture
-def opened():
-    stores = []
-
-    def open_(where):
-        store = backends.open_index(where, HashEmbedder())
-        stores.append(store)
-        return store
-
-    yield open_
-    for store in stores:
-        store.close()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from fakes import HashEmbedder
 
-from ragspec.retrieval import backends
 from ragspec.retrieval.bm25.index import BM25Index
 from ragspec.retrieval.ingest import ingest_paths
 from ragspec.retrieval.milvus import sidefile as milvus_sidefile
@@ -23,20 +22,6 @@ from ragspec.search import retrieve
 REPO = Path(__file__).resolve().parents[3]
 QUESTIONS = [json.loads(line)["question"]
              for line in (REPO / "data" / "questions.jsonl").read_text().splitlines() if line]
-
-
-@pytest.fixture
-def opened():
-    stores = []
-
-    def open_(where):
-        store = backends.open_index(where, HashEmbedder())
-        stores.append(store)
-        return store
-
-    yield open_
-    for store in stores:
-        store.close()
 
 
 def _fresh_top(store, query: str, k: int = 50) -> list[str]:

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 from fakes import HashEmbedder
-from test_milvus_vectors import (  # noqa: F401 (opened, small_threshold: fixtures)
+from test_milvus_vectors import (  # noqa: F401 (small_threshold: a fixture)
     _commit,
     _Corpus,
     _killed,
     _reopen,
-    opened,
     small_threshold,
 )
 

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from fakes import HashEmbedder
 
-from ragspec.retrieval import backends
 from ragspec.retrieval.faiss import ann as faiss_ann
 from ragspec.retrieval.milvus import sidefile as milvus_sidefile
 from ragspec.retrieval.milvus import store as milvus_module
@@ -64,20 +63,6 @@ class _Corpus:
 def small_threshold(monkeypatch):
     monkeypatch.setattr(faiss_ann, "THRESHOLD", THRESHOLD)
     monkeypatch.setattr(faiss_ann, "MIN_CANDIDATES", 50)
-
-
-@pytest.fixture
-def opened():
-    stores = []
-
-    def open_(where, embedder):
-        store = backends.open_index(where, embedder)
-        stores.append(store)
-        return store
-
-    yield open_
-    for store in stores:
-        store.close()
 
 
 def _commit(stores, *changes) -> None:
