@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 EMBEDDER_ENV = "RAGSPEC_EMBEDDER"  # = ragspec.retrieval.embeddings.embedder.ENV_VAR, without importing it
@@ -36,11 +37,14 @@ def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None
     return loaded, generator_for(loaded, cache, max_draft)
 
 
-def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16):
+def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16,
+                  on_note: Callable[[str], None] | None = None):
     """The Generator for a LoadedModel, with this machine's forward-cost curve (measured on the
-    first use of this model, device and dtype; cached in the model cache, measured again when
-    live step times disagree with it)."""
-    from ragspec.decoding.calibrate import load_or_measure, measure_and_save
+    first use of this model, device and dtype, within calibrate.MEASURE_SECONDS; cached in the
+    model cache once trusted, measured again when live step times disagree with it). Until a
+    trusted curve exists the generator works with calibrate.conservative_cost and measures again
+    between generations. on_note(line): progress lines (measuring, and which curve is in use)."""
+    from ragspec.decoding import calibrate
     from ragspec.decoding.engine import Generator
 
     if loaded.speculation_off_reason is not None:
@@ -48,13 +52,26 @@ def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft:
         return Generator.from_loaded(loaded)
     cache = model_cache_dir(cache_dir)
     sizes = max_draft + 1
-    cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, sizes, cache)
+
+    def measuring(seconds: float | None) -> None:
+        if on_note is not None:
+            bound = f"at most {seconds:.0f} s" if seconds is not None else "no time limit"
+            on_note(f"Measuring this machine's forward cost once ({bound})...")
+
+    curve = calibrate.load_or_measure(loaded.model, loaded.device, loaded.dtype, sizes, cache,
+                                      seconds=calibrate.MEASURE_SECONDS, on_measure=measuring)
+    if curve is None:  # a benchmark that switched the measurement off (benchmarks/replay.py)
+        return Generator.from_loaded(loaded)
+    if curve.note and on_note is not None:
+        on_note(curve.note)
 
     def recalibrate():
-        fresh = measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes, cache)
-        return None if fresh.noisy else fresh.cost
+        fresh = calibrate.measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes,
+                                           cache, seconds=calibrate.MEASURE_SECONDS)
+        return fresh.cost if fresh is not None and fresh.trusted else None
 
-    return Generator.from_loaded(loaded, cost=cost, recalibrate=recalibrate)
+    return Generator.from_loaded(loaded, cost=curve.cost, recalibrate=recalibrate,
+                                 provisional=not curve.trusted)
 
 
 def describe_device(loaded) -> str:
