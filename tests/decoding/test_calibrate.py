@@ -179,6 +179,7 @@ def test_the_measurement_stops_at_its_bound_over_all_attempts(tiny_model, tmp_pa
         cal = calibrate.measure_and_save(tiny_model, CPU, torch.float32, 3, tmp_path,
                                          seconds=20.0, clock=machine)
     assert machine.now <= 20.0
+    assert machine.forwards == 20 + 6 * 3  # no forwards spent on a round that could not finish
     assert cal is not None and cal.rounds == 2 and not cal.trusted and not cal.noisy
     assert not (tmp_path / calibrate.COSTS_FILE).exists()
     with SlowMachine(tiny_model, 0.5) as machine:  # the same machine, given the time it needs
@@ -188,12 +189,17 @@ def test_the_measurement_stops_at_its_bound_over_all_attempts(tiny_model, tmp_pa
     assert calibrate.cached(tiny_model, CPU, torch.float32, tmp_path, 3) == cal
 
 
-def test_a_first_use_that_cannot_finish_one_round_works_with_the_stand_in(tiny_model, tmp_path):
+@pytest.mark.parametrize(("forward_seconds", "bound"), [
+    (4.0, 20.0),  # the bound passes while the contexts are filled (20 forwards of 64 tokens)
+    (1.0, 22.0),  # ... during the warm-up round, whose forwards have no time of their own yet
+])
+def test_a_first_use_that_cannot_finish_one_round_works_with_the_stand_in(
+        tiny_model, tmp_path, forward_seconds, bound):
     notes = []
-    with SlowMachine(tiny_model, 4.0) as machine:
-        curve = load_or_measure(tiny_model, CPU, torch.float32, 3, tmp_path, seconds=20.0,
+    with SlowMachine(tiny_model, forward_seconds) as machine:
+        curve = load_or_measure(tiny_model, CPU, torch.float32, 3, tmp_path, seconds=bound,
                                 on_measure=notes.append, clock=machine)
-    assert notes == [20.0] and machine.now <= 20.0 + 4.0
+    assert notes == [bound] and machine.now <= bound
     assert not curve.trusted and curve.cost == calibrate.conservative_cost(3)
     assert "not one round finished" in curve.note
     assert not (tmp_path / calibrate.COSTS_FILE).exists()
