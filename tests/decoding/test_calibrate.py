@@ -373,6 +373,23 @@ def test_calibrate_measures_caches_and_shows_the_curve(calibrate_cli):
     assert data["file"] == str(calibrate_cli / "models" / calibrate.COSTS_FILE)
 
 
+def test_calibrate_says_why_a_curve_cut_short_is_not_cached(calibrate_cli, monkeypatch):
+    from click.testing import CliRunner
+
+    from ragspec.cli import main
+
+    short = Calibration((0.01, 0.02), spread=0.05, rounds=2, context=32, measured_at="t")
+    results = [short, short, None, None]
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: results.pop(0))
+    runner = CliRunner()
+    cut = runner.invoke(main, ["calibrate", "--max-draft", "1", "--max-seconds", "5"])
+    assert cut.exit_code == 0, cut.output
+    assert "(at most 5 s)" in cut.output and "only 2 rounds finished in time" in cut.output
+    assert not (calibrate_cli / "models" / calibrate.COSTS_FILE).exists()
+    nothing = runner.invoke(main, ["calibrate", "--max-draft", "1", "--max-seconds", "5"])
+    assert nothing.exit_code == 1 and "not one round of the measurement finished" in nothing.output
+
+
 def test_two_writers_saving_at_once_keep_both_entries(tiny_model, tmp_path, monkeypatch):
     """Each save reads the table, adds its entry and writes it back: without the lock, two
     saves that overlap both read the old table and the second write loses the first's entry."""
