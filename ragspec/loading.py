@@ -27,14 +27,14 @@ def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
 
 def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
                    max_draft: int = 16, *, device: str | None = None, exact: bool = False,
-                   weights: str = "auto"):
+                   weights: str = "auto", on_note: Callable[[str], None] | None = None):
     """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2); weights as for
-    ragspec.models.load.load_model."""
+    ragspec.models.load.load_model; on_note as for generator_for."""
     from ragspec.models.load import load_model
 
     cache = model_cache_dir(cache_dir)
     loaded = load_model(model, cache, device=device, exact=exact, weights=weights)
-    return loaded, generator_for(loaded, cache, max_draft)
+    return loaded, generator_for(loaded, cache, max_draft, on_note=on_note)
 
 
 def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16,
