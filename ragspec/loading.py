@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 PROMPT_CACHE_ENV = "RAGSPEC_PROMPT_CACHE_MB"  # = ragspec.decoding.prefix_cache.ENV, without torch
@@ -27,14 +28,16 @@ def model_cache_dir(override: str | os.PathLike | None = None) -> Path:
 
 def load_generator(model: str | None = None, cache_dir: str | os.PathLike | None = None,
                    max_draft: int = 16, *, device: str | None = None, exact: bool = False,
-                   weights: str = "auto", prompt_cache_bytes: int | None = None):
+                   weights: str = "auto", on_note: Callable[[str], None] | None = None,
+                   prompt_cache_bytes: int | None = None):
     """(LoadedModel, Generator) for a model spec (None: the bundled SmolLM2); weights as for
-    ragspec.models.load.load_model; prompt_cache_bytes as for generator_for."""
+    ragspec.models.load.load_model; on_note and prompt_cache_bytes as for generator_for."""
     from ragspec.models.load import load_model
 
     cache = model_cache_dir(cache_dir)
     loaded = load_model(model, cache, device=device, exact=exact, weights=weights)
-    return loaded, generator_for(loaded, cache, max_draft, prompt_cache_bytes=prompt_cache_bytes)
+    return loaded, generator_for(loaded, cache, max_draft, on_note=on_note,
+                                 prompt_cache_bytes=prompt_cache_bytes)
 
 
 def timing_prompt_cache() -> int | None:
@@ -44,13 +47,17 @@ def timing_prompt_cache() -> int | None:
     return None if os.environ.get(PROMPT_CACHE_ENV, "").strip() else 0
 
 
-def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16, *,
+def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16,
+                  on_note: Callable[[str], None] | None = None, *,
                   prompt_cache_bytes: int | None = None):
     """The Generator for a LoadedModel, with this machine's forward-cost curve (measured on the
-    first use of this model, device and dtype; cached in the model cache, measured again when
-    live step times disagree with it). prompt_cache_bytes: its prompt cache's budget (None:
-    ragspec.decoding.prefix_cache.budget_bytes, 0: off)."""
-    from ragspec.decoding.calibrate import load_or_measure, measure_and_save
+    first use of this model, device and dtype, within calibrate.MEASURE_SECONDS; cached in the
+    model cache once trusted, measured again when live step times disagree with it). Until a
+    trusted curve exists the generator works with calibrate.conservative_cost and measures again
+    between generations. on_note(line): progress lines (measuring, and which curve is in use).
+    prompt_cache_bytes: its prompt cache's budget (None: ragspec.decoding.prefix_cache
+    .budget_bytes, 0: off)."""
+    from ragspec.decoding import calibrate
     from ragspec.decoding.engine import Generator
 
     if loaded.speculation_off_reason is not None:
@@ -58,13 +65,26 @@ def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft:
         return Generator.from_loaded(loaded, prompt_cache_bytes=prompt_cache_bytes)
     cache = model_cache_dir(cache_dir)
     sizes = max_draft + 1
-    cost = load_or_measure(loaded.model, loaded.device, loaded.dtype, sizes, cache)
+
+    def measuring(seconds: float | None) -> None:
+        if on_note is not None:
+            bound = f"at most {seconds:.0f} s" if seconds is not None else "no time limit"
+            on_note(f"Measuring this machine's forward cost once ({bound})...")
+
+    curve = calibrate.load_or_measure(loaded.model, loaded.device, loaded.dtype, sizes, cache,
+                                      seconds=calibrate.MEASURE_SECONDS, on_measure=measuring)
+    if curve is None:  # a benchmark that switched the measurement off (benchmarks/replay.py)
+        return Generator.from_loaded(loaded, prompt_cache_bytes=prompt_cache_bytes)
+    if curve.note and on_note is not None:
+        on_note(curve.note)
 
     def recalibrate():
-        fresh = measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes, cache)
-        return None if fresh.noisy else fresh.cost
+        fresh = calibrate.measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes,
+                                           cache, seconds=calibrate.MEASURE_SECONDS)
+        return fresh.cost if fresh is not None and fresh.trusted else None
 
-    return Generator.from_loaded(loaded, cost=cost, recalibrate=recalibrate,
+    return Generator.from_loaded(loaded, cost=curve.cost, recalibrate=recalibrate,
+                                 provisional=not curve.trusted,
                                  prompt_cache_bytes=prompt_cache_bytes)
 
 

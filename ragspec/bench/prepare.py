@@ -52,7 +52,8 @@ def build_setup(model: str | None, corpus: str, index: str | None,
     Setup.failures and the rest go on. The caller stops the servers: Setup.close()."""
     from ragspec.loading import describe_device, load_generator, open_store, timing_prompt_cache
 
-    loaded, generator = load_generator(model, weights=weights,
+    # the forward-cost lines say whether this run drafts by a measured curve or the stand-in
+    loaded, generator = load_generator(model, weights=weights, on_note=log,
                                        prompt_cache_bytes=timing_prompt_cache())
     stock = None
     wants_hf = methods is None or any(m.startswith("hf_") for m in methods)

@@ -17,16 +17,22 @@ from ragspec.commands.common import json_option, model_options
               type=click.Path(dir_okay=False), help="Also draw the curve into a PNG.")
 @click.option("--max-draft", default=16, show_default=True, type=click.IntRange(1, 64),
               help="Measure forwards over 1 to max-draft + 1 tokens.")
+@click.option("--max-seconds", default=120.0, show_default=True,
+              type=click.FloatRange(1, min_open=False),
+              help="Stop measuring after this long (all attempts together); a curve cut short "
+                   "of enough rounds is shown but not cached.")
 @model_options
 @json_option
-def calibrate(show, plot_path, max_draft, model_spec, device, exact, weights, as_json):
+def calibrate(show, plot_path, max_draft, max_seconds, model_spec, device, exact, weights,
+              as_json):
     """Measure what a forward over n new tokens costs here, for the draft policy.
 
     A verify step over a draft of k tokens is a forward over k + 1 tokens; on a CPU it costs
     more than a one-token step, and how much more decides how long a draft pays. The curve is
     measured once per model, device, weights and thread count, after a short and a long context
-    (interleaved rounds, a low quantile of each size) and cached next to the converted models; a measurement disturbed by other
-    work on the machine is used but not cached. Run this on an idle machine to refresh it.
+    (interleaved rounds, a low quantile of each size) and cached next to the converted models;
+    a measurement disturbed by other work on the machine, or cut short by --max-seconds, is not
+    cached. Run this on an idle machine to refresh it.
     """
     from ragspec.decoding import calibrate as cal
     from ragspec.models.load import ModelNotFound, load_model
@@ -45,10 +51,16 @@ def calibrate(show, plot_path, max_draft, model_spec, device, exact, weights, as
         saved = True
     else:
         if not as_json:
-            click.echo(f"Measuring {max_draft + 1} sizes x {cal.ROUNDS} rounds...", err=True)
+            click.echo(f"Measuring {max_draft + 1} sizes x {cal.ROUNDS} rounds (at most "
+                       f"{max_seconds:g} s)...", err=True)
         calibration = cal.measure_and_save(loaded.model, loaded.device, loaded.dtype,
-                                           max_draft + 1, cache)
-        saved = not calibration.noisy
+                                           max_draft + 1, cache, seconds=max_seconds)
+        if calibration is None:
+            raise click.ClickException(
+                f"not one round of the measurement finished in {max_seconds:g} s: the machine "
+                f"is busy or the model large; try again when it is idle, or with a larger "
+                f"--max-seconds")
+        saved = calibration.trusted
     if plot_path:
         _plot(calibration, key, plot_path)
     if as_json:
@@ -59,7 +71,7 @@ def calibrate(show, plot_path, max_draft, model_spec, device, exact, weights, as
 
 
 def _print(calibration, key: str, path, saved: bool) -> None:
-    from ragspec.decoding.calibrate import MAX_SPREAD
+    from ragspec.decoding.calibrate import MAX_SPREAD, MIN_ROUNDS
 
     far = calibration.far_seconds
     contexts = (f"{calibration.context} and {calibration.far_context}" if far
@@ -68,6 +80,10 @@ def _print(calibration, key: str, path, saved: bool) -> None:
                f"{contexts} cached tokens, spread {calibration.spread:.0%}")
     if saved:
         click.echo(f"cached in {path}")
+    elif calibration.rounds < MIN_ROUNDS:
+        click.echo(f"not cached: only {calibration.rounds} rounds finished in time (a trusted "
+                   f"curve needs {MIN_ROUNDS}); measure again when the machine is idle, or with "
+                   f"a larger --max-seconds")
     else:
         click.echo(f"not cached: the spread is over {MAX_SPREAD:.0%}, so the machine was busy; "
                    f"measure again when it is idle")

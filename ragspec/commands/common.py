@@ -169,7 +169,6 @@ def generator_from_options(model_spec: str | None, device: str | None = None, ex
         except RemoteGeneratorError as exc:
             raise click.ClickException(printable(str(exc))) from exc
     from ragspec.decoding import native
-    from ragspec.decoding.calibrate import COSTS_FILE
     from ragspec.loading import generator_for
     from ragspec.models.load import BUNDLED, ModelNotFound, load_model
 
@@ -191,9 +190,9 @@ def generator_from_options(model_spec: str | None, device: str | None = None, ex
         raise click.ClickException(printable(str(exc))) from exc
     if not quiet and loaded.speculation_note:
         click.echo(loaded.speculation_note, err=True)
-    elif not quiet and not (cache / COSTS_FILE).is_file():
-        click.echo("Measuring this machine's forward cost once (a few seconds)...", err=True)
-    return loaded, generator_for(loaded, cache, max_draft, prompt_cache_bytes=prompt_cache_bytes)
+    note = None if quiet else (lambda line: click.echo(line, err=True))
+    return loaded, generator_for(loaded, cache, max_draft, on_note=note,
+                                 prompt_cache_bytes=prompt_cache_bytes)
 
 
 def open_store(index: str | None, *, with_embedder: bool = True,

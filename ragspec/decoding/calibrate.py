@@ -9,12 +9,22 @@ tokens makes the policy draft long). So the measurement:
     order, so a burst of load hits a few samples of many sizes rather than all samples of a
     few sizes;
   * keeps a low quantile per size (load only ever adds time), then makes the curve monotone;
-  * reports its spread (the median over sizes of (q75 - q25) / q25) and refuses to cache a
-    curve whose spread says the machine was busy: the curve is still used for this process,
-    and measured again next time;
+  * reports its spread (the median over sizes of (q75 - q25) / q25) and trusts a curve only
+    when that spread says the machine was quiet and at least MIN_ROUNDS rounds were kept;
+  * has a time bound, total over its attempts (`seconds`; MEASURE_SECONDS on a model's first
+    use): no forward starts that the times taken so far say would end after it, nor a round
+    that cannot finish (only a forward slower than the last of its kind overruns, by what it
+    took). On a busy machine forwards run many times slower (one-token forwards of the bundled
+    model 15x on a 2-core machine at load 11), and a measurement that waits for a quiet moment
+    may never end;
   * measures every size after two context lengths (CONTEXT_TOKENS and FAR_CONTEXT, in the
     same shuffled rounds): attention makes a forward dearer as the context grows, so the policy
     and the live check take the curve at the context they are at.
+
+Only a trusted curve is cached. Until one is, `load_or_measure` hands out `conservative_cost`,
+a stand-in that drafts little and never loses much (see there), and says so; the next run, or the
+generator between generations (ragspec.decoding.engine.Generator.recalibrate_if_due), measures
+again, under the same bound.
 
 Cached curves live in one JSON file next to the converted models, keyed by model, shape,
 device, weights and thread count, and for packed weights by the build of the native kernels
@@ -54,6 +64,13 @@ FAR_CONTEXT = 1024  # a RAG prompt with four passages
 ROUNDS = 9
 QUANTILE = 0.25
 MAX_SPREAD = 0.25  # above this the machine was busy: the curve is not cached
+PREFILL_CHUNK = 64  # tokens per forward while filling the contexts (see measure)
+MIN_ROUNDS = 5  # kept rounds a trusted curve needs (a bound that cut it shorter: not trusted)
+MEASURE_SECONDS = 20.0  # the bound on a model's first use (and every re-measure), all attempts
+# The stand-in curve's cost of each token beyond the first, in one-token forwards: c(n) = c(1) *
+# (1 + FALLBACK_SLOPE * (n - 1)). Steeper than every packed curve measured so far, so the policy
+# drafts only what is very likely accepted (see conservative_cost).
+FALLBACK_SLOPE = 0.5
 # Part of every cache key: bump it when the engine's forward path or the measurement changes
 # what a forward costs (3: interleaved rounds, low quantile, spread check; 4: two contexts;
 # 5: packed models step natively on tiled weights; 6: verify rows as independent integer chains;
@@ -90,6 +107,11 @@ class Calibration:
     @property
     def noisy(self) -> bool:
         return self.spread > MAX_SPREAD
+
+    @property
+    def trusted(self) -> bool:
+        """Quiet and long enough to stand for this machine: the only kind that is cached."""
+        return self.rounds >= MIN_ROUNDS and not self.noisy
 
     @property
     def cost(self) -> ForwardCost:
@@ -154,27 +176,42 @@ def summarize(samples: list[list[float]], rounds: int, context: int,
 
 
 @torch.inference_mode()
-def interleaved(cells: list, run, rounds: int) -> dict:
+def interleaved(cells: list, run, rounds: int, deadline: float | None = None,
+                clock: Clock = time.perf_counter) -> dict:
     """cell -> the seconds `run(cell)` took in each of `rounds` rounds; every round runs every
-    cell once, in a shuffled order (round 0 warms every cell up and is not kept)."""
+    cell once, in a shuffled order (round 0 warms every cell up and is not kept). With a
+    deadline (on `clock`), no run starts that its last time says would end after it, and no
+    round that the last round's times say cannot finish by then: the rounds completed are kept,
+    a round cut short is dropped, so every cell has as many samples as any other."""
     samples: dict = {cell: [] for cell in cells}
+    last: dict = {}  # cell -> its latest seconds, to tell what fits before the deadline
     order = random.Random(0)
     cells = list(cells)
     for round_ in range(rounds + 1):
+        if deadline is not None and clock() + sum(last.values()) > deadline:
+            return samples
         order.shuffle(cells)
+        timed = []
         for cell in cells:
-            seconds = run(cell)
-            if round_:
+            guess = last.get(cell, max(last.values(), default=0.0))  # unseen: the slowest
+            if deadline is not None and clock() + guess > deadline:
+                return samples
+            last[cell] = run(cell)
+            timed.append((cell, last[cell]))
+        if round_:
+            for cell, seconds in timed:
                 samples[cell].append(seconds)
     return samples
 
 
 def measure(model, max_tokens: int, context: int = CONTEXT_TOKENS, rounds: int = ROUNDS,
-            clock: Clock = time.perf_counter, far_context: int | None = FAR_CONTEXT
-            ) -> Calibration:
+            clock: Clock = time.perf_counter, far_context: int | None = FAR_CONTEXT,
+            deadline: float | None = None) -> Calibration | None:
     """Time a forward over n = 1..max_tokens new tokens after `context` cached ones (and after
     `far_context` ones, unless None), every (size, context) once per round, in a shuffled order
-    per round (see the module docstring)."""
+    per round (see the module docstring). deadline (on `clock`): start no forward that what was
+    timed so far says would end after it; the Calibration holds the rounds completed by then
+    (None: not one was)."""
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
     room = int(getattr(model.config, "max_position_embeddings", 2048)) - max_tokens
@@ -183,10 +220,19 @@ def measure(model, max_tokens: int, context: int = CONTEXT_TOKENS, rounds: int =
         contexts.append(min(far_context, room))
     gen = torch.Generator().manual_seed(0)
     caches = []
+    last = 0.0  # the last chunk's seconds, to tell whether the next fits before the deadline
     for length in contexts:
         cache = new_cache(model)
         prompt = torch.randint(0, vocab, (1, length), generator=gen).to(device)
-        model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+        # in chunks, each as long as the bound allows: a forward cannot be cut short, and on a
+        # busy machine one over 1024 tokens can take longer than the whole bound
+        for at in range(0, length, PREFILL_CHUNK):
+            if deadline is not None and clock() + last > deadline:
+                return None
+            start = clock()
+            model(input_ids=prompt[:, at:at + PREFILL_CHUNK], cache=cache, use_cache=True,
+                  logits_to_keep=1)
+            last = clock() - start
         caches.append((cache, cache.get_seq_length()))
     inputs = [torch.randint(0, vocab, (1, n), generator=gen).to(device)
               for n in range(1, max_tokens + 1)]
@@ -204,10 +250,13 @@ def measure(model, max_tokens: int, context: int = CONTEXT_TOKENS, rounds: int =
         return seconds
 
     timed = interleaved([(c, i) for c in range(len(contexts)) for i in range(max_tokens)],
-                        run, rounds)
+                        run, rounds, deadline, clock)
+    kept = len(timed[(0, 0)])
+    if not kept:
+        return None
     samples = [[timed[(c, i)] for i in range(max_tokens)] for c in range(len(contexts))]
     far = samples[1] if len(contexts) > 1 else None
-    return summarize(samples[0], rounds, contexts[0], far, contexts[-1])
+    return summarize(samples[0], kept, contexts[0], far, contexts[-1])
 
 
 def cached(model, device: torch.device, dtype: torch.dtype, cache_dir: Path | None,
@@ -247,28 +296,89 @@ def _read_table(cache_dir: Path | None) -> dict:
 
 
 def measure_and_save(model, device: torch.device, dtype: torch.dtype, max_tokens: int,
-                     cache_dir: Path | None, attempts: int = 2) -> Calibration:
-    """Measure (a second time if the first was noisy) and cache the result unless noisy;
-    returns the least noisy calibration either way."""
+                     cache_dir: Path | None, attempts: int = 2,
+                     seconds: float | None = MEASURE_SECONDS,
+                     clock: Clock = time.perf_counter) -> Calibration | None:
+    """Measure within `seconds` in all (None: no bound), a second time if the first was not
+    trusted and took under half the bound, and cache the result if trusted. Returns the best
+    calibration either way (trusted first, then the least noisy), None when the bound passed
+    before one round was complete."""
+    deadline = None if seconds is None else clock() + seconds
     best = None
     for _ in range(attempts):
-        calibration = measure(model, max_tokens)
-        if best is None or calibration.spread < best.spread:
+        start = clock()
+        calibration = measure(model, max_tokens, clock=clock, deadline=deadline)
+        if calibration is not None and (best is None or _rank(calibration) < _rank(best)):
             best = calibration
-        if not calibration.noisy:
+        if best is not None and best.trusted:
             break
-    if cache_dir and not best.noisy:
+        if deadline is not None and clock() - start > deadline - clock():
+            break  # another attempt as long would overrun the bound: no time to finish it
+    if cache_dir and best is not None and best.trusted:
         save(model, device, dtype, cache_dir, best)
     return best
 
 
+def _rank(calibration: Calibration) -> tuple:
+    return (not calibration.trusted, calibration.spread)
+
+
+def conservative_cost(max_tokens: int) -> ForwardCost:
+    """The curve to work with until a trusted one is measured: c(n) = 1 + FALLBACK_SLOPE * (n-1)
+    one-token forwards, at any context.
+
+    Chosen from the shapes measured so far (docs/speed.md, docs/kernels.md, design.md): packed
+    weights on 2-core machines gave c(4)/c(1) of 1.2-1.6, c(8)/c(1) 1.65-2.75 (1.7B) and
+    c(17)/c(1) 2.7 (near) to 4.3 (1024 tokens back) for the bundled model; a 0.5 slope says
+    2.5, 4.5 and 9, dearer than all of them, and matches the steepest fp32 machine's first
+    sizes (c(2) 1.5-1.6, c(3) 1.9-2.0). A curve too steep only costs drafts not taken (the
+    answer is as fast as plain decoding, never slower); one too flat would draft long and lose.
+    With it a one-token draft pays only above a 50% chance of acceptance, a longer one only on
+    a sure quotation. The live pace (policy.StepPace) and the per-answer governor still bound
+    what a wrong curve can lose, as with a measured one."""
+    return ForwardCost([1.0 + FALLBACK_SLOPE * n for n in range(max_tokens)])
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The curve a generator works with. trusted: this machine's, from the cache or measured
+    now; False: conservative_cost, because the measurement was not trusted in time. note: one
+    line for the user saying which curve is in use ("" for a cached one)."""
+
+    cost: ForwardCost
+    trusted: bool
+    note: str = ""
+
+
 def load_or_measure(model, device: torch.device, dtype: torch.dtype, max_tokens: int,
-                    cache_dir: Path | None) -> ForwardCost:
-    """The cached curve for this model/device if it covers max_tokens, else measure it."""
+                    cache_dir: Path | None, seconds: float | None = MEASURE_SECONDS,
+                    on_measure: Callable[[float | None], None] | None = None,
+                    clock: Clock = time.perf_counter) -> Curve:
+    """The cached curve for this model/device if it covers max_tokens, else measure it within
+    `seconds` (on_measure(seconds) is called first, for a progress note); a measurement not
+    trusted by then gives conservative_cost, and nothing is cached."""
     calibration = cached(model, device, dtype, cache_dir, max_tokens)
-    if calibration is None:
-        calibration = measure_and_save(model, device, dtype, max_tokens, cache_dir)
-    return calibration.cost
+    if calibration is not None:
+        return Curve(calibration.cost, True)
+    if on_measure is not None:
+        on_measure(seconds)
+    start = clock()
+    calibration = measure_and_save(model, device, dtype, max_tokens, cache_dir, seconds=seconds,
+                                   clock=clock)
+    took = clock() - start
+    if calibration is not None and calibration.trusted:
+        saved = f"; cached in {Path(cache_dir) / COSTS_FILE}" if cache_dir else ""
+        return Curve(calibration.cost, True,
+                     f"Measured this machine's forward cost in {took:.0f} s ({calibration.rounds} "
+                     f"rounds, spread {calibration.spread:.0%}){saved}.")
+    why = ("not one round finished" if calibration is None
+           else f"{calibration.rounds} of {ROUNDS} rounds finished"
+           if calibration.rounds < MIN_ROUNDS
+           else f"the spread was {calibration.spread:.0%}, over {MAX_SPREAD:.0%}")
+    return Curve(conservative_cost(max_tokens), False,
+                 f"This machine was too busy to measure its forward cost in {took:.0f} s ({why}): "
+                 f"using a conservative curve that drafts little until it is measured (next run, "
+                 f"or `ragspec calibrate` when the machine is idle).")
 
 
 class CostWatch:

@@ -56,7 +56,7 @@ class Generator:
     def __init__(self, model, tokenizer, *, eos_token_ids: Sequence[int] = (),
                  cost: ForwardCost | None = None,
                  recalibrate: Callable[[], ForwardCost | None] | None = None,
-                 speculation_off_reason: str | None = None,
+                 speculation_off_reason: str | None = None, provisional: bool = False,
                  prompt_cache_bytes: int | None = None):
         """cost: this machine's forward-cost curve (None: every forward costs the same).
         recalibrate: measures the curve again (None when the curve is not this machine's);
@@ -64,6 +64,9 @@ class Generator:
             row (CostWatch), run by `recalibrate_if_due` — between generations, by the owner
             of the generator, never inside a generation; returns the new curve, or None when
             the machine was too busy to measure.
+        provisional: `cost` is a stand-in (calibrate.conservative_cost), not this machine's
+            curve: a re-measure is due from the start, and while the measurements come back
+            untrusted it is tried again at most every RETRY_SECONDS.
         speculation_off_reason: set for models whose cache cannot be rolled back
             (ragspec.models.load): every stream then decodes without drafts.
         prompt_cache_bytes: the budget of the prompt cache every stream of this generator
@@ -83,19 +86,27 @@ class Generator:
         # stays a function of what the policy learnt, not of step times)
         self.pace: StepPace | None = StepPace() if cost is not None else None
         self._strikes = 0  # consecutive checks in which live step times disagreed with the curve
-        self.recalibration_due = False
+        self.provisional = provisional and recalibrate is not None
+        self.recalibration_due = self.provisional
+        # before this time.monotonic() a provisional curve is not measured again (its owner
+        # just tried: the machine is likely as busy as it was)
+        self._retry_at = self.retry_clock() + self.RETRY_SECONDS
         self._policies: dict = {}  # DraftConfig -> DraftPolicy; learning persists across calls
         self.word_keys = WordKeys(tokenizer.decode)  # the drafter's word variants
         self._prompt_cache_bytes = prompt_cache_bytes
         self._prefix: prefix_cache.PrefixCache | None = None  # made on the first prompt read
 
+    RETRY_SECONDS = 300.0  # a busy machine is not measured again sooner (each try costs CPU)
+    retry_clock = staticmethod(time.monotonic)  # what RETRY_SECONDS is counted on
+
     @classmethod
     def from_loaded(cls, loaded, cost: ForwardCost | None = None, recalibrate=None,
+                    provisional: bool = False,
                     prompt_cache_bytes: int | None = None) -> Generator:
         return cls(loaded.model, loaded.tokenizer, eos_token_ids=sorted(loaded.eos_token_ids),
                    cost=cost, recalibrate=recalibrate,
                    speculation_off_reason=getattr(loaded, "speculation_off_reason", None),
-                   prompt_cache_bytes=prompt_cache_bytes)
+                   provisional=provisional, prompt_cache_bytes=prompt_cache_bytes)
 
     @property
     def context_length(self) -> int:
@@ -187,13 +198,20 @@ class Generator:
     def recalibrate_if_due(self) -> bool:
         """Re-measure the curve if `review_cost` said so: call it between generations (a chat
         worker after a turn, a command after printing), never while one is timed. True when
-        the curve changed."""
+        the curve changed. The re-measure is as bounded as `recalibrate` makes it (the
+        product's: calibrate.MEASURE_SECONDS)."""
         if not self.recalibration_due or self.recalibrate is None:
             return False
+        if self.provisional and self.retry_clock() < self._retry_at:
+            return False  # the last try found the machine busy: not again so soon
         self.recalibration_due = False
         fresh = self.recalibrate()
         if fresh is None:
+            if self.provisional:  # still a stand-in: try again, later
+                self.recalibration_due = True
+                self._retry_at = self.retry_clock() + self.RETRY_SECONDS
             return False
+        self.provisional = False
         self.cost = fresh
         for policy in self._policies.values():
             policy.cost = fresh

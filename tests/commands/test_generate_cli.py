@@ -63,3 +63,26 @@ def test_binary_prompt_file_is_rejected(run, tiny_model_dir, tmp_path):
     bad.write_bytes(b"\xff\xfe\x00\x81" * 10)
     res = run("generate", "--prompt-file", str(bad), "--model", str(tiny_model_dir))
     assert res.exit_code == 1 and "utf-8" in res.output.lower()
+
+
+def test_a_first_run_says_it_measures_and_which_curve_it_works_with(run, tiny_model_dir,
+                                                                    monkeypatch):
+    """stderr on a model's first use: a progress line with the bound, then one line naming the
+    curve; a busy measurement is retried by the next run, a trusted one is cached and the run
+    after says nothing."""
+    from ragspec.decoding import calibrate
+
+    monkeypatch.delenv("RAGSPEC_MODEL_CACHE", raising=False)
+    busy = calibrate.Calibration((0.01,) * 5, spread=0.6, rounds=9, context=32, measured_at="t")
+    idle = calibrate.Calibration((0.01,) * 5, spread=0.05, rounds=9, context=32, measured_at="t")
+    results = [busy, busy, idle]
+    monkeypatch.setattr(calibrate, "measure", lambda *a, **k: results.pop(0))
+    args = ["generate", "--prompt", "abcabcabc", "--raw", "--max-new-tokens", "4",
+            "--max-draft", "4", "--model", str(tiny_model_dir)]
+    first, second, third = run(*args), run(*args), run(*args)
+    assert first.exit_code == second.exit_code == third.exit_code == 0, first.output
+    measuring = (f"Measuring this machine's forward cost once (at most "
+                 f"{calibrate.MEASURE_SECONDS:.0f} s)...")
+    assert measuring in first.stderr and "conservative curve" in first.stderr
+    assert measuring in second.stderr and "Measured this machine's forward cost" in second.stderr
+    assert "forward cost" not in third.stderr and not results
