@@ -11,7 +11,9 @@ marking it tells the reader nothing. So, for display only:
      answer's own text or of the question (neither is a source; their runs are underlined).
   2. A run is shown only if it holds a whole word of at least MIN_WORD_CHARS letters or digits
      (Unicode word characters): a word that starts and ends inside the run, with no letter or
-     digit of the answer right before or after it. Anything shorter is shown as plain text.
+     digit of the answer right before or after it; or MIN_PIECE_CHARS or more letters or digits
+     in a row (a long piece of an identifier, a list of flags or a hash, which no coincidence
+     writes). Anything shorter is shown as plain text.
 
 Why MIN_WORD_CHARS = 4, from real answers: the bundled corpus (`ragspec ingest data/corpus`),
 nine `ragspec ask` questions, smollm2-135m-instruct, greedy. Of the 21 accepted drafts copied
@@ -22,7 +24,9 @@ from a passage, 14 held no whole word: pieces of numbers ("7" and "32" of "7432"
 keeps a whole port number or year ("7431", "2024") and a name; it leaves " September " and
 " that" shown (2 of 21). Of the 94 repeats of the answer's own text or of the question, 17 are
 underlined (" a list of jobs", " log size", "d daemon is"...); the rest were pieces like ". \n##"
-of a numbered list repeating itself.
+of a numbered list repeating itself. MIN_PIECE_CHARS = 8 changes none of those: the longest piece
+of a word there had 4 letters ("emon"); it keeps a copied run of a long flag list such as
+bzip2's "-cdfkqstvzVL123456789" shown when the copy is split inside it.
 
 Contract:
   * `shown_spans(spans)` -> the spans to display: the same text in the same order (the texts
@@ -48,9 +52,11 @@ from ragspec.decoding.types import Span, SpanOrigin
 from ragspec.describe import PASSAGE, draft_source
 
 MIN_WORD_CHARS = 4
+MIN_PIECE_CHARS = 8
 RULE = (f"a draft is marked only when it holds a whole word of {MIN_WORD_CHARS} or more letters "
-        f"or digits; shorter ones (a piece of a word or number, punctuation, spaces) are left "
-        f"plain, as a coincidence cannot be told from a copy")
+        f"or digits (or {MIN_PIECE_CHARS} or more in a row); shorter ones (a piece of a word or "
+        f"number, punctuation, spaces) are left plain, as a coincidence cannot be told from a "
+        f"copy")
 _WORD = re.compile(r"\w+")
 
 
@@ -83,8 +89,11 @@ def _is_word_char(char: str) -> bool:
 
 def holds_whole_word(text: str, before: str = "", after: str = "") -> bool:
     """True when `text` holds a word of MIN_WORD_CHARS+ word characters that is whole in the
-    answer: `before` and `after` are the characters next to `text` there ("" at an edge)."""
+    answer (`before` and `after` are the characters next to `text` there, "" at an edge), or
+    MIN_PIECE_CHARS+ word characters in a row, whole or not."""
     for m in _WORD.finditer(text):
+        if len(m.group()) >= MIN_PIECE_CHARS:  # a long piece: shown even if not whole
+            return True
         if len(m.group()) < MIN_WORD_CHARS:
             continue
         if m.start() == 0 and _is_word_char(before):

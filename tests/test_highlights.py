@@ -10,7 +10,13 @@ import random
 import re
 
 from ragspec.decoding.types import Span, SpanOrigin
-from ragspec.highlights import MIN_WORD_CHARS, ShownStream, holds_whole_word, shown_spans
+from ragspec.highlights import (
+    MIN_PIECE_CHARS,
+    MIN_WORD_CHARS,
+    ShownStream,
+    holds_whole_word,
+    shown_spans,
+)
 from ragspec.retrieval.faiss.store import Passage
 from ragspec.web import page_html as rd
 
@@ -81,6 +87,19 @@ def test_a_whole_word_or_number_is_shown_a_piece_of_one_is_not():
                                                                                 after="_")
 
 
+def test_a_long_piece_of_an_identifier_is_shown_a_short_piece_is_not():
+    """A copy split inside one long word (bzip2's flags "-cdfkqstvzVL123456789") is no
+    coincidence once MIN_PIECE_CHARS letters or digits are copied in a row; "emon" of "daemon"
+    is."""
+    long = [Span("bzip2 -c", [1], False), draft("dfkqstvzVL12", 40, 52),
+            Span("3456789", [2], False)]
+    assert [t for _, t in marks(rd.spans_html(long, [passage()]))] == ["dfkqstvzVL12"]
+    assert holds_whole_word("x" * MIN_PIECE_CHARS, before="a", after="b")
+    assert not holds_whole_word("x" * (MIN_PIECE_CHARS - 1), before="a", after="b")
+    short = [Span("the da", [1], False), draft("emon", 12, 16), Span("s", [2], False)]
+    assert marks(rd.spans_html(short, [passage()])) == []
+
+
 def test_repeats_too_short_to_show_copying_are_not_underlined_either():
     spans = [Span("Steps:\n1", [1], False),
              Span(".\n", [2], True, SpanOrigin(3, False)),  # the answer's own ".\n"
@@ -138,3 +157,4 @@ def test_the_page_legend_says_the_rule():
     shown = html.unescape(re.sub(r"<[^>]+>", "", rd.legend_html()))
     assert "Adjacent drafts are marked as one" in shown
     assert f"whole word of {MIN_WORD_CHARS} or more letters or digits" in shown
+    assert f"or {MIN_PIECE_CHARS} or more in a row" in shown

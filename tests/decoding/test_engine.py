@@ -398,13 +398,18 @@ def test_drafts_accepted_after_eos_are_not_counted(tiny_model, tiny_tokenizer):
 
 def test_speed_figures_match_a_clock_outside_the_engine(tiny_model, tiny_tokenizer, monkeypatch):
     """The prefill is counted once: seconds, decode_seconds and tokens/s agree with the wall
-    clock of consuming the stream (a slow prefill made decode_seconds include it too)."""
+    clock of consuming the stream (a slow prefill made decode_seconds include it too).
+
+    Machine-independent: the prefill is held for a whole second, and every check allows half of
+    it, so counting the prefill twice (or not at all) fails on any machine, while a slow or busy
+    machine's decoding and the work outside the engine's clock do not."""
     import time
 
     from ragspec.decoding import engine
 
     real_forward = engine.forward
-    prefill_pause = 0.25
+    prefill_pause = 1.0
+    margin = prefill_pause / 2
 
     def slow_prefill(model, ids, cache, logits_to_keep=0):
         if logits_to_keep == 1:  # only the prefill keeps one row of logits
@@ -418,9 +423,10 @@ def test_speed_figures_match_a_clock_outside_the_engine(tiny_model, tiny_tokeniz
     wall = time.perf_counter() - started
     s = result.stats
     assert s.prefill_seconds >= prefill_pause
-    assert s.decode_seconds < prefill_pause, "the prefill was counted in the decode time"
-    assert abs(s.seconds - wall) <= 0.02 * wall + 0.005
-    assert s.tokens_per_s == pytest.approx(s.new_tokens / wall, rel=0.02, abs=0.5)
+    assert s.decode_seconds <= wall - s.prefill_seconds + margin, \
+        "the prefill was counted in the decode time"
+    assert s.seconds <= wall and wall - s.seconds < margin
+    assert s.new_tokens / wall <= s.tokens_per_s < s.new_tokens / (wall - margin)
 
 
 @pytest.mark.parametrize("kernels", [True, False], ids=["native-argmax", "torch-argmax"])
