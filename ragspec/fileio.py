@@ -29,6 +29,7 @@ the app) may use it without depending on another. Keep it that way.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import uuid
@@ -105,7 +106,7 @@ def write_parts_atomically(path: str | os.PathLike, parts: Iterable[bytes], *,
     docstring)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
+    with _failing_removes(tmp, path):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), mode)
         with os.fdopen(fd, "wb") as out:
             for part in parts:
@@ -113,35 +114,31 @@ def write_parts_atomically(path: str | os.PathLike, parts: Iterable[bytes], *,
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
-    except BaseException as exc:
-        _remove_quietly(tmp)
-        if isinstance(exc, OSError) and not isinstance(exc, WriteFailed):
-            raise WriteFailed(path, exc) from exc
-        raise
 
 
 def write_durably(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` and flush it to disk (the caller renames it into place). On a
     failure the partial file is removed and WriteFailed raised."""
-    try:
+    with _failing_removes(Path(path), path):
         with open(path, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
+
+
+@contextlib.contextmanager
+def _failing_removes(partial: Path, path: str | os.PathLike):
+    """If the block fails: remove `partial` (quietly: a failure of the cleanup, e.g. a folder
+    that became unreadable, must not hide the error being reported), and an OSError becomes
+    WriteFailed naming `path`."""
+    try:
+        yield
     except BaseException as exc:
-        _remove_quietly(Path(path))
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
         if isinstance(exc, OSError) and not isinstance(exc, WriteFailed):
             raise WriteFailed(path, exc) from exc
         raise
-
-
-def _remove_quietly(path: Path) -> None:
-    # Cleanup after a failure: its own failure (the folder became unreadable) must not hide
-    # the error being reported.
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:
-        pass
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:

@@ -103,8 +103,12 @@ def _read_seal(path: Path) -> dict | None:
 
 
 def _sha256(path: Path) -> str:
+    # read a MiB at a time (hashlib.file_digest would need Python 3.11; ragspec runs on 3.10)
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _damaged(spec: str, path: Path, detail: str) -> IndexCorruptError:
