@@ -200,6 +200,8 @@ class PrefixCache:
             for index, kv in new:
                 if index < len(chain):
                     continue
+                if index != len(chain) + len(added):  # a page before it went meanwhile: what
+                    break  # follows would be keyed and parented as if it stood in that place
                 tokens = tuple(prompt[index * size:(index + 1) * size])
                 key = _key(key, tokens)
                 self._serial += 1

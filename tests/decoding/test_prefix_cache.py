@@ -248,6 +248,43 @@ def test_a_page_is_used_only_after_the_very_prefix_it_was_read_after(packed, mon
     _assert_same_cache(reused, whole, len(x))
 
 
+def test_a_page_dropped_while_a_prompt_is_stored_leaves_no_page_out_of_place(packed,
+                                                                               monkeypatch):
+    """store() copies pages outside its lock; if another thread drops a page of the prefix
+    meanwhile, the pages copied after it are not kept in its place (a repeated page's tokens
+    would match there, with the keys and values of a later position)."""
+    _precision(monkeypatch, "int8")
+    vocab = packed.config.vocab_size
+    rng = random.Random(5)
+    head, again = ([rng.randrange(3, vocab) for _ in range(PAGE_TOKENS)] for _ in range(2))
+    prompt = head + again + again + [5, 6, 7]
+    pages = PrefixCache(BIG)
+    cache = new_cache(packed)
+    _read(packed, prompt[:2 * PAGE_TOKENS + 1], cache)
+    assert pages.store(prompt[:2 * PAGE_TOKENS + 1], cache) == 2
+    real, calls = pages._chain, []
+
+    def chain(tokens, limit):
+        calls.append(limit)
+        if len(calls) == 2:  # between the two looks: the second page goes
+            key = next(k for k, page in pages._pages.items() if page.parent != -1)
+            pages._forget(pages._pages.pop(key))
+        return real(tokens, limit)
+
+    monkeypatch.setattr(pages, "_chain", chain)
+    cache = new_cache(packed)
+    _read(packed, prompt, cache)
+    pages.store(prompt, cache)
+    monkeypatch.setattr(pages, "_chain", real)
+    whole = new_cache(packed)
+    want = _read(packed, prompt, whole)
+    reused = new_cache(packed)
+    start = pages.restore(prompt, reused)
+    assert start == PAGE_TOKENS
+    assert torch.equal(_read(packed, prompt, reused, start), want)
+    _assert_same_cache(reused, whole, len(prompt))
+
+
 def test_the_budget_comes_from_the_environment_or_the_machine(packed, monkeypatch):
     monkeypatch.setenv(prefix_cache.ENV, "3")
     assert prefix_cache.budget_bytes(packed) == 3 << 20
