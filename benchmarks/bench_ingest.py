@@ -36,6 +36,8 @@ import textwrap
 import zipfile
 from pathlib import Path
 
+from benchmarks import record
+
 REPO = Path(__file__).resolve().parent.parent
 MiB = 2**20
 W_NS = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
@@ -220,8 +222,7 @@ def main() -> None:
     baseline = [r["peak_rss_mib"] for r in rows if r["case"] == "small-docx"]
     if bombs and baseline:
         print(f"\ndocx bomb peak RSS minus small docx: {max(bombs) - baseline[0]:+.0f} MiB")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+    record.add_run(args.json, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from benchmarks import record
 from ragspec.retrieval.embeddings.embedder import Embedder
 from ragspec.retrieval.faiss.store import PassageStore
 from ragspec.retrieval.ingest import ingest_paths
@@ -221,8 +222,7 @@ def main() -> None:
     results["load_average_at_end"] = os.getloadavg()
     print("load average (1, 5, 15 min) at start / end:", results["load_average_at_start"],
           results["load_average_at_end"])
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    record.add_run(args.json, results)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import record
+
 
 def passages(paths: list[str], embedder) -> list[str]:
     from ragspec.retrieval.passages import split_documents
@@ -146,8 +148,7 @@ def main(argv=None) -> int:
             "min_cosine": float((v * base).sum(axis=1).min())}
         print(name, report["variants"][name], flush=True)
     print(json.dumps(report))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1))
+    record.add_run(args.out and Path(args.out), report)
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import html
 import json
 import random
 import re
@@ -30,6 +31,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+
+from benchmarks import record  # noqa: E402
 
 
 def tutorial_sections(limit: int) -> list[tuple[str, str]]:
@@ -104,6 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", default="dense")
     ap.add_argument("--scan-pages", type=int, default=0)
     ap.add_argument("--scan-pdf", default="/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")
+    record.out_option(ap)
     args = ap.parse_args(argv)
     sections = tutorial_sections(args.sections)
     table = countries()
@@ -113,7 +117,7 @@ def main(argv=None) -> int:
         [{"title": f"Slide {i + 1}", "body": t.split("\n")} for i, t in enumerate(bodies)]))
     (folder / "tutorial.odp").write_bytes(odp_bytes([t.split("\n") for t in bodies]))
     (folder / "tutorial.epub").write_bytes(epub_bytes(
-        [(f"Chapter {i + 1}", "".join(f"<p>{p}</p>" for p in t.split("\n")))
+        [(f"Chapter {i + 1}", "".join(f"<p>{html.escape(p)}</p>" for p in t.split("\n")))
          for i, t in enumerate(bodies)]))
     (folder / "tutorial.odt").write_bytes(odt_bytes("Tutorial", [p for t in bodies
                                                                  for p in t.split("\n")]))
@@ -156,9 +160,12 @@ def main(argv=None) -> int:
             hits = stores["scan.pdf"].search(sentence, k=5, mode=args.mode)
             right += any(h.passage.page == page for h in hits)
         results["scanned pdf (OCR)"] = right / len(questions)
-    print(json.dumps({"mode": args.mode, "sections": len(sections), "countries": len(picked),
-                      "passages": {n: st.passage_count() for n, st in stores.items()},
-                      "recall_at_5": results}))
+    result = {"mode": args.mode, "sections": len(sections), "countries": len(picked),
+              "scan_pages": len(questions),
+              "passages": {n: st.passage_count() for n, st in stores.items()},
+              "recall_at_5": results}
+    print(json.dumps(result))
+    record.add_run(args.out, result)
     return 0
 
 

@@ -25,8 +25,11 @@ import statistics
 import sys
 import time
 import unicodedata
+from pathlib import Path
 
 import numpy as np
+
+from benchmarks import record
 
 
 def normalise(text: str) -> str:
@@ -131,9 +134,7 @@ def main(argv=None) -> int:
     summary = {name: _summary([r for r in rows if r["engine"] == name], args)
                for name in engines}
     print(json.dumps(summary))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"summary": summary, "pages": rows}, f, indent=1)
+    record.add_run(args.out and Path(args.out), {"summary": summary, "pages": rows})
     return 0
 
 

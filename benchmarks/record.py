@@ -1,0 +1,73 @@
+"""One results file per figure: what a benchmark measured, with its command, commit and machine.
+
+    from benchmarks import record
+    record.add_run(args.out, result)          # args.out from record.out_option(parser)
+
+A results file is {"command", "commit", "machine", "runs": [...]}: the first run names the
+command line (relative to the repository root) and the machine (CPU model, cores, flags that
+change the kernels); every run carries its own date, commit, load average before and after,
+and what the benchmark printed. A later run of the same command appends to "runs", so a series
+of runs stays one file. Used by the scripts in benchmarks/ only; nothing in ragspec imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+_STARTED_LOAD = os.getloadavg()
+
+
+def out_option(parser) -> None:
+    """Add --out FILE (a results file for docs/results/) to an argparse parser."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help="append this run to a results file (JSON: command, commit, machine, "
+                             "runs); e.g. docs/results/NAME.json")
+
+
+def commit() -> str:
+    """The checkout's commit (short), with '+changes' when the tree differs from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def machine() -> str:
+    """The CPU in words: model name, family/model, cores, and the flags the kernels choose by."""
+    from ragspec import cpuinfo
+
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    have = [f for f in wanted if f in cpuinfo.flags()]
+    hypervisor = " under a hypervisor" if "hypervisor" in cpuinfo.flags() else ""
+    return (f"{cpuinfo.field('model name') or 'unknown CPU'} (family {cpuinfo.field('cpu family')} "
+            f"model {cpuinfo.field('model')}){hypervisor}, {os.cpu_count()} cores, "
+            f"{' '.join(have) or 'no AVX2'}")
+
+
+def add_run(out: Path | None, result: dict, argv: list[str] | None = None) -> None:
+    """Append `result` as one run of the results file `out` (nothing when out is None)."""
+    if out is None:
+        return
+    argv = sys.argv if argv is None else argv
+    script = Path(argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    command = " ".join(["PYTHONPATH=. python", str(shown), *map(shlex.quote, argv[1:])])
+    run = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
+           "command": command,
+           "load_average": {"start": [round(x, 2) for x in _STARTED_LOAD],
+                            "end": [round(x, 2) for x in os.getloadavg()]},
+           "result": result}
+    data = json.loads(out.read_text()) if out.exists() else {
+        "command": command, "commit": run["commit"], "machine": machine(), "runs": []}
+    data["runs"].append(run)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"appended to {out}", file=sys.stderr)
