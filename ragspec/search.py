@@ -106,12 +106,12 @@ def hits_to_dicts(hits: Sequence[Hit]) -> list[dict]:
 
 # -- follow-up questions ------------------------------------------------------------------------
 
-_REFERRING = {
+REFERRING = {
     "it", "its", "it's", "they", "them", "their", "theirs", "this", "that", "these", "those",
     "there", "he", "she", "his", "her", "one", "ones", "same", "former", "latter", "above",
     "also", "too", "else", "instead",
 }
-_FOLLOWUP_OPENERS = ("and ", "but ", "also ", "so ", "what about", "how about", "then ", "or ")
+FOLLOWUP_OPENERS = ("and ", "but ", "also ", "so ", "what about", "how about", "then ", "or ")
 
 
 # A question ending on one of these points back in time ("What happens to the queued jobs
@@ -126,8 +126,8 @@ def is_followup(question: str, endings: frozenset[str] = FOLLOWUP_ENDINGS) -> bo
     q = question.strip().lower()
     words = re.findall(r"[a-z']+", q)
     return (
-        q.startswith(_FOLLOWUP_OPENERS)
-        or any(w in _REFERRING for w in words)
+        q.startswith(FOLLOWUP_OPENERS)
+        or any(w in REFERRING for w in words)
         or (bool(words) and words[-1] in endings)
         or len(words) <= 3
     )

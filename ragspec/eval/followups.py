@@ -37,7 +37,7 @@ from ragspec.eval.retrieval import REPO, ingested, read_jsonl
 from ragspec.retrieval.absent_words import content_words
 from ragspec.retrieval.fusion import fuse
 from ragspec.retrieval.records import Hit
-from ragspec.search import _FOLLOWUP_OPENERS, _REFERRING, standalone_question
+from ragspec.search import FOLLOWUP_OPENERS, REFERRING, standalone_question
 
 K = 4
 PAIRS = REPO / "data" / "followups" / "pairs.jsonl"
@@ -63,12 +63,12 @@ def substitute_rule(pair: dict) -> str:
     if new_rule(pair) == q:
         return q
     lowered = q.lower()
-    opener = next((o for o in _FOLLOWUP_OPENERS if lowered.startswith(o)), "")
+    opener = next((o for o in FOLLOWUP_OPENERS if lowered.startswith(o)), "")
     q = q[len(opener):]
     subject = " ".join(content_words(pair["previous"]))
     pieces = re.split(r"([a-z']+)", q, flags=re.IGNORECASE)
     for i, piece in enumerate(pieces):
-        if piece.lower() in _REFERRING:
+        if piece.lower() in REFERRING:
             pieces[i] = subject
             return "".join(pieces)
     return f"{q} {subject}"
