@@ -314,7 +314,7 @@ def test_retrieval_uses_the_configured_search_mode_and_reports_the_floor(tiny_to
     assert store.modes[1:] == ["hybrid", "dense"] and hybrid.refused
     store.modes.clear()
     assert retrieval.to_dict() == {"refused": True, "message": NOT_IN_DOCUMENTS,
-                                   "best_score": 0.3, "min_score": 0.5}
+                                   "best_score": 0.3, "min_score": 0.5, "absent_words": []}
     Pipeline(store, stub_generator(tiny_tokenizer), PipelineConfig()).retrieve("Which port?")
     assert store.modes[0] == DEFAULT_SEARCH
 

@@ -24,6 +24,7 @@ import statistics
 from collections.abc import Sequence
 
 from ragspec.decoding.repetition import max_repeats, repeated_share
+from ragspec.retrieval.absent_words import FUNCTION_WORDS
 
 LOOP_NGRAM = 8
 LOOP_TIMES = 3
@@ -31,14 +32,7 @@ PRESENT_RECALL = 0.6
 
 _WORD = re.compile(r"[a-z0-9]+")
 # Function words carry no answer content; counting them would credit any fluent sentence.
-STOPWORDS = frozenset("""
-a an the and or but if then else of to in on at by for with from as is are was were be been
-being it its this that these those there here which who whom what when where how why not no
-do does did so than too very can could will would should may might must shall i you he she
-we they them their our your my me us his her also only just any all each both such into out
-over under about after before between through during up down off again further once more most
-other some own same has have had having
-""".split())
+STOPWORDS = FUNCTION_WORDS
 # An answer that declines: what the instruction asks the model to say when the passages do
 # not hold the answer, and the usual ways small models say it.
 REFUSAL = re.compile(

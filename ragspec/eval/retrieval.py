@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -61,21 +63,32 @@ def corpora(work: Path) -> dict[str, tuple[Path, list[dict]]]:
     return sets
 
 
-def evaluate_set(name: str, corpus: Path, questions: list[dict],
-                 backend: str = "faiss") -> dict:
-    """Ingest `corpus` into a temporary index (a FAISS folder, or a Milvus Lite file); per
-    question and mode, the found rank and the best cosine."""
+@contextmanager
+def ingested(name: str, corpus: Path, backend: str = "faiss") -> Iterator:
+    """A store holding `corpus`, ingested into a temporary index (a FAISS folder, or a Milvus
+    Lite file) with the bundled embedder and the default splitter; removed on exit."""
     from ragspec.loading import open_store
     from ragspec.retrieval.ingest import ingest_paths
 
-    files = sorted(p.name for p in corpus.iterdir() if p.is_file())
-    texts = realdocs.loaded_texts(corpus, files)
     with tempfile.TemporaryDirectory(prefix="retrieval-eval-") as scratch:
         store = open_store(scratch if backend == "faiss" else f"milvus:{scratch}/index.db")
-        report = ingest_paths([corpus], store)
-        if report.failed:
-            raise click.ClickException(f"{name}: ingest failed for {report.failed[0][0]}: "
-                                       f"{report.failed[0][1]}")
+        try:
+            report = ingest_paths([corpus], store)
+            if report.failed:
+                raise click.ClickException(f"{name}: ingest failed for {report.failed[0][0]}: "
+                                           f"{report.failed[0][1]}")
+            yield store
+        finally:
+            store.close()
+
+
+def evaluate_set(name: str, corpus: Path, questions: list[dict],
+                 backend: str = "faiss") -> dict:
+    """Ingest `corpus` (see `ingested`); per question and mode, the found rank and the best
+    cosine."""
+    files = sorted(p.name for p in corpus.iterdir() if p.is_file())
+    texts = realdocs.loaded_texts(corpus, files)
+    with ingested(name, corpus, backend) as store:
         rows = []
         for q in questions:
             row = {"id": q["id"], "kind": realdocs.question_kind(q)}
@@ -86,7 +99,6 @@ def evaluate_set(name: str, corpus: Path, questions: list[dict],
                 row["best_score"] = round(result.best_score, 4)
             rows.append(row)
         passages = store.passage_count()
-        store.close()
     return {"set": name, "passages": passages, "questions": rows}
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -206,6 +206,12 @@ class StoreBase:
                 hits = [Hit(score=score, passage=p) for p, score in dense]
         best = dense[0][1] if dense else None
         return SearchResult(hits=hits, best_score=best, mode=mode)
+
+    def indexed_words(self, words: Iterable[str]) -> set[str]:
+        """Which of `words` (lowercased keyword tokens, see bm25.index.tokenize) occur in some
+        stored passage: one keyword look-up each, no embedding."""
+        with self._mutex:
+            return {w for w in words if self._keyword_ids(w, 1)}
 
     def _hits_by_id(self, query: str, vector: np.ndarray, dense: list[tuple[str, float]],
                     k: int, mode: str) -> list[Hit]:

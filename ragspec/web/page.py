@@ -136,7 +136,7 @@ with chat_column:
             continue  # the answer being written: shown live below
         with st.chat_message(message["role"]):
             if message["role"] == "user":
-                parts.show_question(message.get("content", ""))
+                parts.show_question(message.get("content", ""), message.get("standalone"))
             else:
                 parts.show_answer(answer_record(message), href=functools.partial(
                     source_panel.href, chat_id, i))

@@ -35,8 +35,12 @@ def md(text: str) -> str:
     return rd.escape_text(str(text), inline=True)
 
 
-def show_question(text: str) -> None:
+def show_question(text: str, searched: str | None = None) -> None:
+    """The user's question; under a follow-up, what was searched for (the question made
+    standalone, ragspec.search.standalone_question), so the reader sees the chat was used."""
     st.markdown(f"<div>{rd.escape_text(text)}</div>", unsafe_allow_html=True)
+    if searched and searched.strip() != text.strip():
+        st.caption(f"Searched for: {md(searched)}")
 
 
 # -- answers ------------------------------------------------------------------------------------
