@@ -93,6 +93,16 @@ def retrieve(store, question: str, history: Sequence[dict] = (), *, k: int = 4,
     return Retrieval(question, standalone, list(result.hits), best, min_score, refused, absent)
 
 
+def refusal_reason(retrieval: Retrieval) -> str:
+    """Why a refused question was refused, in one line for people."""
+    best = f"best similarity {retrieval.best_score:.2f}"
+    if retrieval.absent_words:
+        return (f"{best}, and your documents never use "
+                f"{', '.join(repr(w) for w in retrieval.absent_words)} (a specific word of the "
+                f"question)")
+    return f"{best}, below the floor {retrieval.min_score:.2f}"
+
+
 def passage_json(n: int, p: Passage, score: float | None, copied: Sequence = ()) -> dict:
     """One passage as `ask --json` shows it: number, provenance, score, text, copied ranges."""
     return {"n": n, "id": p.id, "doc_id": p.doc_id, "source": p.source, "page": p.page,

@@ -38,6 +38,8 @@ def test_a_question_whose_specific_word_the_documents_never_use_is_refused_above
     assert refused.refused and refused.absent_words == ["rotate"]
     assert refused.hits, "a refusal still shows the closest passages"
     assert refused.to_dict()["absent_words"] == ["rotate"]
+    assert "never use 'rotate'" in search.refusal_reason(refused)
+    assert "below the floor" in search.refusal_reason(retrieve(store, ROTATE, min_score=best + 0.01))
     # Every specific word present (api, larkspur, tokens): answered.
     kept = retrieve(store, "How long must the API token of Larkspur be?", min_score=0.01)
     assert not kept.refused and kept.absent_words == []

@@ -136,7 +136,7 @@ def _print(question, prepared, streams, model_name, retrieval, as_json, greedy, 
 
 def _print_refusal(retrieval, as_json: bool) -> None:
     """The "not in your documents" reply: the message and the closest passages."""
-    from ragspec.search import hits_to_dicts
+    from ragspec.search import hits_to_dicts, refusal_reason
 
     passages = hits_to_dicts(retrieval.hits)
     if as_json:
@@ -153,8 +153,8 @@ def _print_refusal(retrieval, as_json: bool) -> None:
 
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"[bold]{escape(retrieval.to_dict()['message'])}[/]")
-    console.print(f"[dim]best similarity {retrieval.best_score:.2f}, below the floor "
-                  f"{retrieval.min_score:.2f} (--min-score; 0 turns it off)[/]")
+    console.print(f"[dim]{escape(refusal_reason(retrieval))} (--min-score; 0 turns the checks "
+                  f"off)[/]")
     for i, (hit, p) in enumerate(zip(retrieval.hits, passages, strict=True)):
         label = printable(passage_label(i, hit.passage))
         console.print(f" {escape(label)} (char {p['start']}) score {p['score']:.2f}")

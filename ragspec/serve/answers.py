@@ -195,6 +195,7 @@ class Service:
             return {"refused": True, "message": NOT_IN_DOCUMENTS,
                     "passages": hits_to_dicts(job.refusal.hits), "spans": [],
                     "best_score": job.refusal.best_score, "min_score": job.refusal.min_score,
+                    "absent_words": list(job.refusal.absent_words),
                     "standalone_question": job.refusal.standalone_question, "stats": None}
         spans = list(request.spans) if request is not None else []
         out = {"spans": ([s.to_dict() for s in spans] if job.prepared is None else

@@ -108,6 +108,7 @@ class AnswerJob(Turn):
         self.standalone: str | None = None
         self.note: str | None = None  # e.g. why this model generates without drafts
         self.refused = False  # no passage relevant enough: answered with NOT_IN_DOCUMENTS
+        self.absent_words: list[str] = []  # the refusal's words the documents never use
         self.runs: list[dict] = []  # {"label", "spans": [Span], "stats": GenerationStats|None}
         self._lock = threading.Lock()
         self._saved_at = 0.0
@@ -159,6 +160,7 @@ class AnswerJob(Turn):
             with self._lock:
                 self.passages = [h.passage for h in retrieval.hits]
                 self.scores = [h.score for h in retrieval.hits]
+                self.absent_words = list(retrieval.absent_words)
                 self.refused = True
             self._set_phase("done")
             return
@@ -242,7 +244,7 @@ class AnswerJob(Turn):
         return {"role": "assistant", "content": content,
                 "status": status, "model": self.settings.model, "error": self.error,
                 "greedy": self.settings.temperature == 0, "runs": runs, "passages": passages,
-                "note": self.note, "refused": self.refused}
+                "note": self.note, "refused": self.refused, "absent_words": self.absent_words}
 
     def _save(self, attempts: int = 3) -> None:
         message, standalone = self.message(), self.standalone

@@ -6,10 +6,11 @@ Contract:
          "messages": [...]}
     A user message is {"role": "user", "content", "standalone"}; an assistant message is
     {"role": "assistant", "content", "status", "model", "error", "greedy", "runs", "passages",
-     "note", "refused"}
+     "note", "refused", "absent_words"}
     where status is "waiting", "generating", "done", "stopped" or "failed"; refused is true
     when no passage was relevant enough (no runs then: the passages are the closest found,
-    the content says the documents do not appear to hold the answer); each run is
+    the content says the documents do not appear to hold the answer; absent_words, the
+    question's specific words the documents never use when they were the reason, else []); each run is
     {"label", "text", "token_ids", "spans", "stats"} (spans as `Span.to_dict()`: text, token
     ids, drafted, origin; stats as `GenerationStats.to_dict()`), and each passage is
     {"id", "doc_id", "source", "page", "start", "text", "score"}. `answer_record` turns an
@@ -325,7 +326,8 @@ def answer_record(message: dict) -> dict:
             "scores": [p.get("score") for p in message.get("passages") or []],
             "greedy": bool(message.get("greedy", True)), "status": message.get("status", "done"),
             "model": message.get("model"), "error": message.get("error"),
-            "note": message.get("note"), "refused": bool(message.get("refused"))}
+            "note": message.get("note"), "refused": bool(message.get("refused")),
+            "absent_words": list(message.get("absent_words") or [])}
 
 
 def history(chat: dict) -> list[dict]:

@@ -66,7 +66,7 @@ def show_answer(record: dict, href=None) -> None:
     if record.get("note"):
         st.info(md(record["note"]))
     if record.get("refused"):
-        show_refusal(record["passages"], record["scores"])
+        show_refusal(record["passages"], record["scores"], record.get("absent_words") or [])
         return
     if not runs:
         if status == "stopped":
@@ -93,10 +93,15 @@ def show_answer(record: dict, href=None) -> None:
     show_sources(runs[-1]["spans"], passages, record["scores"], href)
 
 
-def show_refusal(passages, scores) -> None:
-    """The "not in your documents" reply: no answer was generated; the closest passages."""
+def show_refusal(passages, scores, absent_words=()) -> None:
+    """The "not in your documents" reply: no answer was generated; why (the words of the
+    question the documents never use, when that was the reason); the closest passages."""
     st.info(NOT_IN_DOCUMENTS, icon=":material/search:")
-    st.caption("The relevance floor is in the sidebar's Advanced settings (0 turns it off).")
+    if absent_words:
+        words = ", ".join(f"“{md(w)}”" for w in absent_words)
+        st.caption(f"Your documents never use {words}, a specific word of the question.")
+    st.caption("The relevance floor is in the sidebar's Advanced settings (0 turns it and the "
+               "words check off).")
     for i, p in enumerate(passages):
         score = f" · score {scores[i]:.2f}" if i < len(scores) and scores[i] is not None else ""
         st.markdown(f"<div class=\"rs-closest\"><b>{rd.escape_text(describe.passage_label(i, p))}</b>"

@@ -11,6 +11,8 @@ causal, sliding and soft-capped variants, and the same invariance.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -249,6 +251,27 @@ def test_the_prefetch_distance_is_compiled_from_the_cpus_maker(tmp_path, monkeyp
         assert native.tuning_flags() == want
         keys[vendor] = native.build_key()
     assert keys["AuthenticAMD"] != keys["GenuineIntel"]
+
+
+def test_a_killed_builds_mark_does_not_make_the_next_build_wait_forever(tmp_path, monkeypatch):
+    """torch waits while its "lock" file is in the build folder; a build killed half way leaves
+    it. The next build (under ragspec's own lock, which a dead holder releases) removes it
+    before torch looks, instead of hanging every later run."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setenv(native.KERNELS_ENV, str(tmp_path / "kernels"))
+    folder = native.build_folder(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / native.TORCH_BATON).touch()  # what a killed build left
+    seen = []
+
+    def load(**kwargs):  # torch's load, as far as the baton goes: it would wait while it exists
+        seen.append((Path(kwargs["build_directory"]) / native.TORCH_BATON).exists())
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(native, "_built", None)
+    native._build(tmp_path)
+    assert seen == [False]
 
 
 @pytest.mark.parametrize("vocab", [1, 15, 16, 17, 49152, 49157])

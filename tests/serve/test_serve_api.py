@@ -146,6 +146,7 @@ def test_below_the_relevance_floor_the_answer_is_a_refusal(client):
     ext = whole.model_extra["ragspec"]
     assert ext["refused"] is True and whole.choices[0].message.content == NOT_IN_DOCUMENTS
     assert ext["passages"] and ext["spans"] == [] and whole.usage.completion_tokens == 0
+    assert ext["absent_words"] == []  # the floor refused it, not a missing word
 
 
 def test_completions_endpoint_streamed_or_not(client, tiny_model, tiny_tokenizer):

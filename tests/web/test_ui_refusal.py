@@ -70,6 +70,23 @@ def test_an_unrelated_question_gets_not_in_your_documents_and_no_model_call(
     assert "do not appear to contain the answer" in _page_text(again)
 
 
+def test_a_refusal_for_a_word_the_documents_never_use_names_the_word_and_keeps_it(
+        tmp_path, monkeypatch, model_calls):
+    from ragspec import search
+
+    at = tiny_page(tmp_path, monkeypatch)
+    at.slider(key="min_score").set_value(0.05).run()  # HashEmbedder's cosines: the floor passes
+    monkeypatch.setattr(search, "WORDS_CHECK_BELOW", 1.0)  # and the words check looks at all
+    refused = _ask(at, "How do I rotate the metrics endpoint's port?")
+    assert refused["refused"] is True and refused["absent_words"] == ["rotate"]
+    assert model_calls == []
+    assert "never use “rotate”" in _page_text(at)
+    again = new_session(min_score=0.05)  # read back from disk: the reason stays with the reply
+    again.query_params["chat"] = at.query_params["chat"]
+    again.run()
+    assert "never use “rotate”" in _page_text(again)
+
+
 def test_floor_zero_answers_even_an_unrelated_question(tmp_path, monkeypatch, model_calls):
     at = tiny_page(tmp_path, monkeypatch)  # fast sessions start with the floor off
     at.number_input(key="max_new_tokens").set_value(8).run()

@@ -100,6 +100,7 @@ def build_key() -> str:
 
 
 KERNELS_ENV = "RAGSPEC_KERNELS_DIR"
+TORCH_BATON = "lock"  # torch.utils.cpp_extension's mark of a build in progress, in the folder
 
 
 def build_folder(cache_dir: Path | str) -> Path:
@@ -125,6 +126,11 @@ def _build(cache_dir: Path) -> None:
         pass
     os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
     with FileLock(str(folder) + ".lock"):
+        # torch marks a build in progress with a file named "lock" in the folder and waits, without
+        # end, while it exists; a build that was killed (Ctrl-C in a first run, a timeout) leaves it
+        # behind, and every later run would wait forever. Builds here run only under the FileLock
+        # we hold, which its holder's death releases, so such a file is always a dead build's.
+        (folder / TORCH_BATON).unlink(missing_ok=True)
         load(name=NAME, sources=[str(_here() / s) for s in SOURCES],
              extra_cflags=[*FLAGS, *tuning_flags()],
              extra_ldflags=["-fopenmp"], extra_include_paths=[str(_here())],
