@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from ragspec.decoding.scheduler import Request as Generation
@@ -38,6 +38,7 @@ from ragspec.serve.requests import ChatRequest, CompletionRequest, EmbeddingRequ
 MAX_BODY_BYTES = 1 << 20
 MAX_IN_FLIGHT = 256
 _DISCONNECT_POLL_S = 0.5  # how often a non-streamed answer checks that its client is still there
+CLIENT_LEFT = 499  # the status logged for a request whose client went away (nginx's use)
 
 
 def create_app(service: Service, *, max_body_bytes: int = MAX_BODY_BYTES,
@@ -123,10 +124,12 @@ async def _answer(service: Service, kind: str, body, job: Job, request: Request)
     if body.stream:
         return await _sse(_stream(service, kind, rid, created, body, job, generation, wake))
     try:
-        await _wait(generation, wake, request)
+        left = await _wait(generation, wake, request)
     finally:
         if not generation.done.is_set():
             generation.cancel()
+    if left:  # nobody reads a reply now, and the cancelled generation has no stats to report
+        return Response(status_code=CLIENT_LEFT)
     _raise_failure(generation)
     use = responses.usage(len(job.prompt_ids), len(generation.token_ids))
     return responses.completion(kind, rid, created, job.model, generation.text,
@@ -134,19 +137,20 @@ async def _answer(service: Service, kind: str, body, job: Job, request: Request)
                                 service.extension(job, generation))
 
 
-async def _wait(generation: Generation, wake: asyncio.Event, request: Request) -> None:
-    """Until the generation ends; cancels it when the client goes away meanwhile."""
+async def _wait(generation: Generation, wake: asyncio.Event, request: Request) -> bool:
+    """Until the generation ends (False) or the client goes away meanwhile (True: the
+    generation is cancelled)."""
     while True:
         wake.clear()
         _, ended = generation.drain()
         if ended:
-            return
+            return False
         try:
             await asyncio.wait_for(wake.wait(), _DISCONNECT_POLL_S)
         except TimeoutError:
             if await request.is_disconnected():
                 generation.cancel()
-                return
+                return True
 
 
 _STATUS = {"invalid": 400, "unavailable": 503}

@@ -305,6 +305,27 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(tiny_model, tiny_to
         running.stop()
 
 
+def test_a_client_that_hangs_up_on_a_whole_answer_frees_its_slot_without_an_error(
+        tiny_model, tiny_tokenizer, caplog):
+    # never ends by itself; the client gives up waiting for the whole answer after a second
+    running = serve_support.start(tiny_model, tiny_tokenizer, eos=10**6)
+    body = {"model": "tiny", "max_tokens": 900, "messages": [{"role": "user", "content": "go"}]}
+    try:
+        with caplog.at_level("ERROR"), pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{running.base_url}/chat/completions", json=body, timeout=1.0)
+        deadline = time.monotonic() + 30
+        while (running.service.scheduler.load()["active"] or running.asgi.in_flight) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.service.scheduler.load()["active"] == 0
+        assert running.asgi.in_flight == 0  # the handler has returned
+        # before: the handler went on to build the reply of a cancelled generation (no stats),
+        # a 500 and a traceback in the log for every client that hung up
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    finally:
+        running.stop()
+
+
 def test_a_full_queue_answers_429_and_too_many_connections_503(tiny_model, tiny_tokenizer):
     running = serve_support.start(tiny_model, tiny_tokenizer, eos=10**6, max_active=1,
                                   max_waiting=0, max_in_flight=2)
