@@ -13,9 +13,10 @@ What it does (everything on 127.0.0.1; every loop ends at the deadline):
   3. the soak: --clients threads, each drawing (from its own seeded random stream) one action
      at a time until the time is up: a streamed question, a whole (non-streamed) question, a
      stream hung up at its first piece of text, a whole answer hung up on while it is being
-     written, or a few malformed requests (ragspec/serve/malformed.py). Meanwhile a sampler
-     reads the server's RSS, and --ingests runs of `ragspec ingest` (the same corpus, each into
-     a new folder) are spread over the time, each beside the load;
+     written (10-90% into a solo answer's time), or a few malformed requests
+     (ragspec/serve/malformed.py). Meanwhile a sampler reads the server's RSS, and --ingests
+     runs of `ragspec ingest` (the same corpus, each into a new folder) are spread over the
+     time, each beside the load;
   4. after the load: /health must show no request active (every hang-up freed its slot).
 
 Checks (the report's "checks"; exit status 1 when one fails, the report says which):
@@ -42,6 +43,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -146,8 +148,12 @@ def malformed_batch(http: httpx.Client, url: str, batch) -> list[tuple[int, bool
 class Soak:
     """The client threads, the RSS sampler and the ingests, sharing one record of calls."""
 
-    def __init__(self, server: Server, questions: list[str], args, work: Path):
+    def __init__(self, server: Server, questions: list[str], args, work: Path,
+                 solo_latency: float):
         self.server, self.questions, self.args, self.work = server, questions, args, work
+        # a whole answer is hung up on 10-90% of the way through a solo answer's time (under
+        # load it takes longer: the client leaves while it is being written)
+        self.solo_latency = solo_latency
         self.calls: list[Call] = []
         self.malformed_bad: list[dict] = []
         self.rss: list[tuple[float, int]] = []  # (seconds since the start, bytes)
@@ -191,7 +197,7 @@ class Soak:
                         try:
                             call.status, call.text, call.complete = whole(
                                 http, url, question, self.args.max_tokens,
-                                timeout=rng.uniform(0.2, 2.0))
+                                timeout=rng.uniform(0.1, 0.9) * self.solo_latency)
                             call.kind = "whole"  # it came back in time: an answer to compare
                         except httpx.ReadTimeout:
                             pass
@@ -381,21 +387,37 @@ def main(argv=None) -> int:
     questions = load_questions(args.questions, args.limit)
     work = Path(tempfile.mkdtemp(prefix="ragspec-soak-"))
     index = args.index
+    phases: dict[str, float] = {}  # wall seconds of each phase, where the run's time went
+    mark = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        phases[name] = round(time.monotonic() - mark, 1)
+        mark = time.monotonic()
+
     if index is None:
         index = work / "index"
         subprocess.run([RAGSPEC, "ingest", str(args.corpus), "--index",
                         str(index)], check=True, stdout=subprocess.DEVNULL, timeout=1800)
+        lap("ingest_s")
     server = Server(index, free_port(), args, work / "server.log")
     machine = {"cpus": os.cpu_count(), "load_avg_before": os.getloadavg()}
     alive, active_after, index_same = False, None, None
     try:
         server.start()
+        lap("start_s")
         with httpx.Client(timeout=900) as http:
             streamed(http, server.url, questions[0], args.max_tokens)  # warms up; not counted
-            solo = {q: streamed(http, server.url, q, args.max_tokens)[1] for q in questions}
+            solo, took = {}, []
+            for q in questions:
+                start = time.monotonic()
+                solo[q] = streamed(http, server.url, q, args.max_tokens)[1]
+                took.append(time.monotonic() - start)
+        lap("solo_s")
         before = tree_digest(index)
-        soak = Soak(server, questions, args, work)
+        soak = Soak(server, questions, args, work, statistics.median(took))
         soak.run()
+        lap("soak_s")  # past --minutes by the answers running at the end, and the ingests
         index_same = tree_digest(index) == before
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # a hang-up's slot is freed within a step or two
@@ -406,8 +428,9 @@ def main(argv=None) -> int:
         alive = server.process.poll() is None
     finally:
         server.stop()
+    lap("stop_s")
     machine["load_avg_after"] = os.getloadavg()
-    report = {"host": HOST, "index": str(index), "machine": machine,
+    report = {"host": HOST, "index": str(index), "machine": machine, "phases": phases,
               **report_of(soak, solo, server.log, index_same, alive, active_after)}
     text = json.dumps(report, indent=1)
     if args.out:

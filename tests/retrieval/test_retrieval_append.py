@@ -259,10 +259,11 @@ KILLER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("at", range(len(STEPS)), ids=STEPS)
-def test_kill_9_at_each_step_of_an_appending_commit_keeps_old_or_new(tmp_path, old_and_new, at):
-    source, old, new = old_and_new
-    index = tmp_path / "index"
+def _kill_and_compare(index: Path, states: tuple, at: int, committed_from: int) -> None:
+    """A writer killed (-9) at the `at`-th step of its commit of _make_new into a copy of the
+    old state (states: old folder, old state, new state) leaves the old state or the new, and
+    the next writer commits as usual."""
+    source, old, new = states
     shutil.copytree(source, index)
     tests = REPO / "tests" / "support"  # the fakes
     done = subprocess.run([sys.executable, "-c", KILLER, str(index), str(at), str(tests)],
@@ -271,8 +272,13 @@ def test_kill_9_at_each_step_of_an_appending_commit_keeps_old_or_new(tmp_path, o
                               [str(REPO), str(tests), str(Path(__file__).resolve().parent)])})
     assert done.returncode == -signal.SIGKILL, done.stderr
     seen = _state(PassageStore.open(index, HashEmbedder()))
-    assert seen == (new if at >= COMMITTED_FROM else old)
-    _finish_and_compare(index, new if at >= COMMITTED_FROM else old)
+    assert seen == (new if at >= committed_from else old)
+    _finish_and_compare(index, new if at >= committed_from else old)
+
+
+@pytest.mark.parametrize("at", range(len(STEPS)), ids=STEPS)
+def test_kill_9_at_each_step_of_an_appending_commit_keeps_old_or_new(tmp_path, old_and_new, at):
+    _kill_and_compare(tmp_path / "index", old_and_new, at, COMMITTED_FROM)
 
 
 def test_a_damaged_append_file_is_reported_not_read(tmp_path):
@@ -320,18 +326,7 @@ def test_kill_9_at_each_step_of_the_first_appending_commit_keeps_old_or_new(
         tmp_path, base_and_first, at):
     # before the empty record, a kill between the data's fsync and the record's rename left
     # append data with no record: a state no reader could tell from a lost record
-    source, old, new = base_and_first
-    index = tmp_path / "index"
-    shutil.copytree(source, index)
-    tests = REPO / "tests" / "support"
-    done = subprocess.run([sys.executable, "-c", KILLER, str(index), str(at), str(tests)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              [str(REPO), str(tests), str(Path(__file__).resolve().parent)])})
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    seen = _state(PassageStore.open(index, HashEmbedder()))
-    assert seen == (new if at >= FIRST_COMMITTED_FROM else old)
-    _finish_and_compare(index, new if at >= FIRST_COMMITTED_FROM else old)
+    _kill_and_compare(tmp_path / "index", base_and_first, at, FIRST_COMMITTED_FROM)
 
 
 def test_a_deleted_append_record_is_refused_as_damaged_by_readers_and_writers(tmp_path):
