@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
@@ -139,15 +140,20 @@ async def _answer(service: Service, kind: str, body, job: Job, request: Request)
 
 async def _wait(generation: Generation, wake: asyncio.Event, request: Request) -> bool:
     """Until the generation ends (False) or the client goes away meanwhile (True: the
-    generation is cancelled)."""
+    generation is cancelled). The client is looked for every _DISCONNECT_POLL_S seconds
+    however often steps wake this up (looking only when no step came for that long missed
+    every client that left a running answer)."""
+    loop = asyncio.get_running_loop()
+    look_at = loop.time() + _DISCONNECT_POLL_S
     while True:
         wake.clear()
         _, ended = generation.drain()
         if ended:
             return False
-        try:
-            await asyncio.wait_for(wake.wait(), _DISCONNECT_POLL_S)
-        except TimeoutError:
+        with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError's alias from 3.11 on
+            await asyncio.wait_for(wake.wait(), max(0.0, look_at - loop.time()))
+        if loop.time() >= look_at:
+            look_at = loop.time() + _DISCONNECT_POLL_S
             if await request.is_disconnected():
                 generation.cancel()
                 return True
