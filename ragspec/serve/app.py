@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
 import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from ragspec.decoding.scheduler import Request as Generation
@@ -38,6 +39,7 @@ from ragspec.serve.requests import ChatRequest, CompletionRequest, EmbeddingRequ
 MAX_BODY_BYTES = 1 << 20
 MAX_IN_FLIGHT = 256
 _DISCONNECT_POLL_S = 0.5  # how often a non-streamed answer checks that its client is still there
+CLIENT_LEFT = 499  # the status logged for a request whose client went away (nginx's use)
 
 
 def create_app(service: Service, *, max_body_bytes: int = MAX_BODY_BYTES,
@@ -123,10 +125,12 @@ async def _answer(service: Service, kind: str, body, job: Job, request: Request)
     if body.stream:
         return await _sse(_stream(service, kind, rid, created, body, job, generation, wake))
     try:
-        await _wait(generation, wake, request)
+        left = await _wait(generation, wake, request)
     finally:
         if not generation.done.is_set():
             generation.cancel()
+    if left:  # nobody reads a reply now, and the cancelled generation has no stats to report
+        return Response(status_code=CLIENT_LEFT)
     _raise_failure(generation)
     use = responses.usage(len(job.prompt_ids), len(generation.token_ids))
     return responses.completion(kind, rid, created, job.model, generation.text,
@@ -134,19 +138,25 @@ async def _answer(service: Service, kind: str, body, job: Job, request: Request)
                                 service.extension(job, generation))
 
 
-async def _wait(generation: Generation, wake: asyncio.Event, request: Request) -> None:
-    """Until the generation ends; cancels it when the client goes away meanwhile."""
+async def _wait(generation: Generation, wake: asyncio.Event, request: Request) -> bool:
+    """Until the generation ends (False) or the client goes away meanwhile (True: the
+    generation is cancelled). The client is looked for every _DISCONNECT_POLL_S seconds
+    however often steps wake this up (looking only when no step came for that long missed
+    every client that left a running answer)."""
+    loop = asyncio.get_running_loop()
+    look_at = loop.time() + _DISCONNECT_POLL_S
     while True:
         wake.clear()
         _, ended = generation.drain()
         if ended:
-            return
-        try:
-            await asyncio.wait_for(wake.wait(), _DISCONNECT_POLL_S)
-        except TimeoutError:
+            return False
+        with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError's alias from 3.11 on
+            await asyncio.wait_for(wake.wait(), max(0.0, look_at - loop.time()))
+        if loop.time() >= look_at:
+            look_at = loop.time() + _DISCONNECT_POLL_S
             if await request.is_disconnected():
                 generation.cancel()
-                return
+                return True
 
 
 _STATUS = {"invalid": 400, "unavailable": 503}

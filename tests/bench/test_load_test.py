@@ -8,7 +8,6 @@ import json
 
 import pytest
 import serve_support
-from conftest import make_tiny_model, save_model_folder
 
 from ragspec.bench import load_test
 
@@ -18,15 +17,7 @@ pytestmark = pytest.mark.slow
 def test_load_test_reports_levels_faults_and_the_ask_anchor(tmp_path, tiny_tokenizer,
                                                             monkeypatch):
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
-    model = save_model_folder(make_tiny_model(len(tiny_tokenizer)), tiny_tokenizer,
-                              tmp_path / "tiny")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "daemon.txt").write_text(serve_support.DOC)
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"question": q, "kind": "copy"}) + "\n" for q in
-                                 ("Which port does the metrics endpoint use?",
-                                  "When do backups run?")))
+    model, corpus, questions = serve_support.tiny_server_inputs(tmp_path, tiny_tokenizer)
     out = tmp_path / "report.json"
     status = load_test.main(["--corpus", str(corpus), "--questions", str(questions),
                              "--clients", "1,2", "--max-tokens", "12", "--model", str(model),

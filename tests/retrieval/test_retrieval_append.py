@@ -259,10 +259,11 @@ KILLER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("at", range(len(STEPS)), ids=STEPS)
-def test_kill_9_at_each_step_of_an_appending_commit_keeps_old_or_new(tmp_path, old_and_new, at):
-    source, old, new = old_and_new
-    index = tmp_path / "index"
+def _kill_and_compare(index: Path, states: tuple, at: int, committed_from: int) -> None:
+    """A writer killed (-9) at the `at`-th step of its commit of _make_new into a copy of the
+    old state (states: old folder, old state, new state) leaves the old state or the new, and
+    the next writer commits as usual."""
+    source, old, new = states
     shutil.copytree(source, index)
     tests = REPO / "tests" / "support"  # the fakes
     done = subprocess.run([sys.executable, "-c", KILLER, str(index), str(at), str(tests)],
@@ -271,8 +272,13 @@ def test_kill_9_at_each_step_of_an_appending_commit_keeps_old_or_new(tmp_path, o
                               [str(REPO), str(tests), str(Path(__file__).resolve().parent)])})
     assert done.returncode == -signal.SIGKILL, done.stderr
     seen = _state(PassageStore.open(index, HashEmbedder()))
-    assert seen == (new if at >= COMMITTED_FROM else old)
-    _finish_and_compare(index, new if at >= COMMITTED_FROM else old)
+    assert seen == (new if at >= committed_from else old)
+    _finish_and_compare(index, new if at >= committed_from else old)
+
+
+@pytest.mark.parametrize("at", range(len(STEPS)), ids=STEPS)
+def test_kill_9_at_each_step_of_an_appending_commit_keeps_old_or_new(tmp_path, old_and_new, at):
+    _kill_and_compare(tmp_path / "index", old_and_new, at, COMMITTED_FROM)
 
 
 def test_a_damaged_append_file_is_reported_not_read(tmp_path):
@@ -284,6 +290,60 @@ def test_a_damaged_append_file_is_reported_not_read(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(persist.IndexCorruptError, match="append.jsonl"):
         PassageStore.open(index, HashEmbedder())
+
+
+# -- the first appending commit on a base, and a lost record ------------------------------------
+
+# The first appending commit on a base writes an empty record first, so that append data never
+# lies in the folder without a record (which would be a record lost, below). The folder's
+# fsync after that rename counts twice here: the hooked fsync_dir, then the os.fsync inside it.
+FIRST_STEPS = ["fsync empty record", "rename empty record", "fsync folder (empty record)",
+               "its os.fsync"] + STEPS
+FIRST_COMMITTED_FROM = FIRST_STEPS.index("fsync folder")
+
+
+@pytest.fixture(scope="module")
+def base_and_first(tmp_path_factory):
+    """A base of one full commit and no appends; the state after one appending commit on it."""
+    base = tmp_path_factory.mktemp("first-append")
+    texts = real_texts(200)
+    store = PassageStore.open(base / "old", HashEmbedder())
+    with store.writing():
+        _add(store, "a", texts[:40])
+        _add(store, "b", texts[40:80])
+    assert not (base / "old" / persist.APPEND_NAME).exists()
+    old = _state(PassageStore.open(base / "old", HashEmbedder()))
+    shutil.copytree(base / "old", base / "new")
+    store = PassageStore.open(base / "new", HashEmbedder())
+    with store.writing():
+        _make_new(store)
+    assert len(persist._read_log(base / "new" / persist.APPEND_NAME)["extents"]) == 1
+    return base / "old", old, _state(PassageStore.open(base / "new", HashEmbedder()))
+
+
+@pytest.mark.parametrize("at", range(len(FIRST_STEPS)), ids=FIRST_STEPS)
+def test_kill_9_at_each_step_of_the_first_appending_commit_keeps_old_or_new(
+        tmp_path, base_and_first, at):
+    # before the empty record, a kill between the data's fsync and the record's rename left
+    # append data with no record: a state no reader could tell from a lost record
+    _kill_and_compare(tmp_path / "index", base_and_first, at, FIRST_COMMITTED_FROM)
+
+
+def test_a_deleted_append_record_is_refused_as_damaged_by_readers_and_writers(tmp_path):
+    index = tmp_path / "index"
+    _build_old(index)  # a base and one appending commit
+    store = PassageStore.open(index, HashEmbedder())  # a writer opened before the loss
+    (index / persist.APPEND_NAME).unlink()
+    before = {p.name: p.read_bytes() for p in index.iterdir() if p.is_file()}
+    # before: read as the base alone, the appended passages gone without a word (and the next
+    # writer deleted their files)
+    with pytest.raises(persist.IndexCorruptError, match="append.json is missing") as caught:
+        PassageStore.open(index, HashEmbedder())
+    assert "\n" not in str(caught.value) and str(index) in str(caught.value)
+    with pytest.raises(persist.IndexCorruptError, match="append.json is missing"):
+        with store.writing():
+            _add(store, "later", ["a later document"])
+    assert {p.name: p.read_bytes() for p in index.iterdir() if p.is_file()} == before
 
 
 # -- the C tokenizer against the Python one ---------------------------------------------------

@@ -306,6 +306,59 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(tiny_model, tiny_to
         running.stop()
 
 
+@pytest.mark.parametrize("where", ["running", "queued"])
+def test_a_client_that_hangs_up_on_a_whole_answer_cancels_it_without_an_error(
+        tiny_model, tiny_tokenizer, caplog, where):
+    # Answers never end by themselves (EOS is an id the model cannot write) and each step takes
+    # at least 0.1 s: 900 tokens last far longer than the second the client waits, on any
+    # machine. "queued": another answer holds the only slot meanwhile.
+    running = serve_support.start(tiny_model, tiny_tokenizer, eos=10**6, max_active=1)
+    service, submitted = running.service, []
+    submit = service.submit
+
+    def slow_submit(job, listener=None):
+        def slow_listener():
+            time.sleep(0.1)
+            listener()
+
+        generation = submit(job, listener=slow_listener)
+        submitted.append(generation)
+        return generation
+
+    service.submit = slow_submit
+    body = {"model": "tiny", "max_tokens": 900,
+            "messages": [{"role": "user", "content": "go"}]}
+    opened, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_long_stream, args=(running.base_url, opened, release))
+    others = 1 if where == "queued" else 0  # requests in flight beside the one hung up on
+    try:
+        if others:
+            holder.start()
+            assert opened.wait(30)
+            deadline = time.monotonic() + 30
+            while service.scheduler.load()["active"] != 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        with caplog.at_level("ERROR"), pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{running.base_url}/chat/completions", json=body, timeout=1.0)
+        deadline = time.monotonic() + 30
+        while running.asgi.in_flight > others and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running.asgi.in_flight == others  # its handler has returned
+        release.set()  # the holder leaves too
+        assert submitted[-1].done.wait(120)
+        # cancelled when its client left, not written to its end; before, a running answer's
+        # steps woke the handler more often than its 0.5 s look for the client, so it never
+        # looked, and a queued one, never admitted, had no stats to reply with (a 500 and a
+        # traceback in the log)
+        assert submitted[-1].error_kind == "cancelled"
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    finally:
+        release.set()
+        if holder.is_alive():
+            holder.join(30)
+        running.stop()
+
+
 def test_a_full_queue_answers_429_and_too_many_connections_503(tiny_model, tiny_tokenizer):
     running = serve_support.start(tiny_model, tiny_tokenizer, eos=10**6, max_active=1,
                                   max_waiting=0, max_in_flight=2)

@@ -4,6 +4,7 @@ HashEmbedder (tests/support/fakes.py)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -51,6 +52,23 @@ def tiny_store(tmp_path):
     store = PassageStore.open(tmp_path / "index", HashEmbedder())
     assert ingest_paths([doc], store).ok
     return store
+
+
+def tiny_server_inputs(tmp_path, tokenizer) -> tuple:
+    """What the server's measurements (ragspec/bench: load_test, soak) take on a small scale:
+    a tiny model folder, a corpus of DOC and two questions about it; (model, corpus,
+    questions)."""
+    from conftest import make_tiny_model, save_model_folder
+
+    model = save_model_folder(make_tiny_model(len(tokenizer)), tokenizer, tmp_path / "tiny")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "daemon.txt").write_text(DOC)
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question": q, "kind": "copy"}) + "\n" for q in
+                                 ("Which port does the metrics endpoint use?",
+                                  "When do backups run?")))
+    return model, corpus, questions
 
 
 def start(model, tokenizer, store=None, *, max_active=4, max_waiting=8, prefill_chunk=None,

@@ -34,13 +34,19 @@ Either way a reader sees one complete index, old or new, never a mix. A crash af
 rename leaves a keywords.npz the live header does not name: it is ignored (and rebuilt).
 
 Appending commit (`append_snapshot`, one writer, under the lock; the base stays untouched):
+  0. the first one on a base writes an empty record first (no extents, its commit id the
+     base's), durably, so that append data never exists without a record naming its base;
   1. cut each append file back to the end of the extents the live append.json names (nothing
      past it is committed), write the new extents after it, fsync;
   2. write append.json.new completely, fsync, rename it to append.json, fsync the directory.
 A crash before the rename of step 2 leaves the old append.json naming the old extents: the
 bytes after them are ignored. Its rename is the commit. A full commit (the protocol above)
-removes the append files after its renames; an append.json whose base is not the live
-passages.jsonl's commit is stale (a full commit happened after it) and is ignored and removed.
+removes the append files after its renames (the data first, the record last); an append.json
+whose base is not the live passages.jsonl's commit is stale (a full commit happened after it)
+and is ignored and removed. So append data with no append.json beside it means the record was
+lost (deleted by hand, a restore that missed it): the index is refused as damaged, not read
+as its base alone (the appended passages would vanish silently). The record cannot be rebuilt:
+the bytes of an unfinished commit at the end of the append files look like committed ones.
 Readers read append.json before the base: if a full commit lands in between, the record they
 hold names the old base and is ignored, so they read the new base, never an older state.
 Version 2 headers (this one) may have appends; a ragspec that reads only version 1 refuses them
@@ -216,9 +222,29 @@ def write_snapshot(
 
 
 def _drop_appends(directory: Path) -> None:
-    (directory / APPEND_NAME).unlink(missing_ok=True)  # first: the record, then its data
-    for name in (*APPEND_FILES, APPEND_NAME + PENDING_SUFFIX):
+    # the data first, the record last: append data without a record means a lost record
+    for name in (*APPEND_FILES, APPEND_NAME + PENDING_SUFFIX, APPEND_NAME):
         (directory / name).unlink(missing_ok=True)
+
+
+def _orphaned_appends(directory: Path) -> list[str]:
+    """The append files holding data (with no append.json beside them, that data's record
+    was lost)."""
+    out = []
+    for name in APPEND_FILES:
+        try:
+            if (directory / name).stat().st_size > 0:
+                out.append(name)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _corrupt(directory, f"cannot read {name} ({exc})") from exc
+    return out
+
+
+def _lost_record(directory: Path, names: list[str]) -> str:
+    return (f"{APPEND_NAME} is missing, but {', '.join(names)} hold appended passages "
+            f"that only it names")
 
 
 _PARTS = {"vectors": APPEND_VECTORS, "lines": APPEND_LINES, "keywords": APPEND_KEYWORDS}
@@ -237,6 +263,14 @@ def append_snapshot(
     if log is not None and log.base != base:
         raise AssertionError("the append log extends another base")
     extents = list(log.extents) if log is not None else []
+    pending = directory / (APPEND_NAME + PENDING_SUFFIX)
+    if not extents:  # step 0: the record exists before any append data does
+        try:
+            _write_record(directory, pending, AppendLog(base, base, []))
+        except BaseException:
+            pending.unlink(missing_ok=True)
+            raise
+        fsync_dir(directory)
     current = AppendLog(base, "", extents)
     data = {
         "vectors": np.ascontiguousarray(vectors, dtype=np.float32).tobytes(),
@@ -244,7 +278,6 @@ def append_snapshot(
         "keywords": keywords,
     }
     extent: dict = {"documents": len(documents), "passages": len(passages)}
-    pending = directory / (APPEND_NAME + PENDING_SUFFIX)
     try:
         for part, payload in data.items():
             path = directory / _PARTS[part]
@@ -261,15 +294,21 @@ def append_snapshot(
                 raise WriteFailed(path, exc) from exc
             extent[part] = [start, len(payload), _sha256(payload)]
         new = AppendLog(base, uuid.uuid4().hex, extents + [extent])
-        record = {"format": APPEND_FORMAT, "version": VERSION, "base": base,
-                  "commit": new.commit, "extents": new.extents}
-        write_durably(pending, _line(record).encode("utf-8"))
-        os.replace(pending, directory / APPEND_NAME)
+        _write_record(directory, pending, new)
     except BaseException:
         _cut_back(directory, current)  # tidy up; a kill leaves this to the next writer
         raise
-    fsync_dir(directory)
+    fsync_dir(directory)  # the rename is the commit: from here on, no cutting back
     return new
+
+
+def _write_record(directory: Path, pending: Path, log: AppendLog) -> None:
+    """append.json naming `log`: written whole and fsynced beside it, renamed over it (the
+    caller fsyncs the folder)."""
+    record = {"format": APPEND_FORMAT, "version": VERSION, "base": log.base,
+              "commit": log.commit, "extents": log.extents}
+    write_durably(pending, _line(record).encode("utf-8"))
+    os.replace(pending, directory / APPEND_NAME)
 
 
 def _cut_back(directory: Path, log: AppendLog) -> None:
@@ -333,6 +372,12 @@ def recover(directory: Path) -> None:
         (directory / (name + PENDING_SUFFIX)).unlink(missing_ok=True)
     live = _read_header(directory / PASSAGES_NAME)
     log = _read_log(directory / APPEND_NAME)
+    if log is None and live is not None:
+        if (directory / APPEND_NAME).exists():  # replaced only whole (a rename): damaged
+            raise _corrupt(directory, f"{APPEND_NAME} is not an append record")
+        orphans = _orphaned_appends(directory)
+        if orphans:  # not an unfinished commit (step 0): the record was lost
+            raise _corrupt(directory, _lost_record(directory, orphans))
     if log is None or live is None or log.get("base") != live.get("commit"):
         _drop_appends(directory)  # no record, or a stale one: the files hold nothing committed
 
@@ -392,7 +437,12 @@ def _read_once(directory: Path) -> Snapshot | None:
     except OSError as exc:
         raise _corrupt(directory, f"cannot read {APPEND_NAME} ({exc})") from exc
     snapshot = _read_base(directory)
-    if snapshot is None or log_raw is None:
+    if snapshot is None:
+        return snapshot
+    if log_raw is None:
+        orphans = _orphaned_appends(directory)
+        if orphans:  # or a first appending commit began after our look (read again)
+            raise _Mismatch(_lost_record(directory, orphans))
         return snapshot
     try:
         record = json.loads(log_raw)
@@ -407,7 +457,9 @@ def _apply_log(directory: Path, snapshot: Snapshot, record: dict) -> Snapshot:
     """The base snapshot with the appending commits `record` names applied."""
     try:
         log = AppendLog(record["base"], record["commit"], list(record["extents"]))
-        parts = {part: (directory / name).read_bytes() for part, name in _PARTS.items()}
+        # no extents (an empty record, step 0): the append files may not exist yet
+        parts = {part: (directory / name).read_bytes() if log.extents else b""
+                 for part, name in _PARTS.items()}
     except (KeyError, TypeError) as exc:
         raise _corrupt(directory, f"{APPEND_NAME} is not an append record ({exc})") from exc
     except OSError as exc:

@@ -43,6 +43,15 @@ def _overwrite_middle(db):
         f.write(os.urandom(4096))
 
 
+def _overwrite_keeping_size_and_mtime(db):
+    """Bytes changed in place, the size and mtime as they were (silent corruption on disk, or
+    a copy tool that restores mtimes): before, the seal checked only the size and mtime."""
+    before = db.stat()
+    _overwrite_middle(db)
+    os.utime(db, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (db.stat().st_size, db.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
 def _folder(db):
     db.unlink()
     db.mkdir()
@@ -52,8 +61,9 @@ def _folder(db):
     lambda db: db.write_bytes(b""),
     lambda db: os.truncate(db, db.stat().st_size // 2),
     _overwrite_middle,
+    _overwrite_keeping_size_and_mtime,
     _folder,
-], ids=["emptied", "truncated", "overwritten", "folder"])
+], ids=["emptied", "truncated", "overwritten", "overwritten-same-stat", "folder"])
 def test_a_damaged_file_is_refused_with_one_line_naming_the_index(sealed, opened, damage,
                                                                   tmp_path):
     db, _ = sealed
@@ -93,4 +103,16 @@ def test_a_file_holding_another_commit_is_not_called_damaged(sealed, opened, tmp
 def test_a_deleted_side_file_is_rebuilt_not_refused(sealed, opened):
     db, hits = sealed
     shutil.rmtree(db.parent / f".{db.name}.ragspec.records")
+    assert opened(f"milvus:{db}").search(QUERY, k=3) == hits
+
+
+def test_a_file_over_the_full_check_size_with_the_sealed_stat_is_not_hashed(sealed, opened,
+                                                                             monkeypatch):
+    db, hits = sealed
+    monkeypatch.setattr(integrity, "FULL_CHECK_BYTES", db.stat().st_size - 1)
+
+    def no_hash(path):
+        raise AssertionError("hashed")
+
+    monkeypatch.setattr(integrity, "_sha256", no_hash)
     assert opened(f"milvus:{db}").search(QUERY, k=3) == hits
