@@ -34,7 +34,8 @@ chosen per forward:
     forward of its own on the de-quantised path whatever its rows, every weight de-quantised
     once for the whole read, so that the prompt cache can reuse its pages exactly. Off by
     default: each page is a forward of every module, and on a busy 2-core Xeon (load average
-    about 10) the many small forwards made a prompt read several times slower.
+    7-9.5) the many small forwards made an 800-token bf16 read 1.9-2.6x slower
+    (docs/results/prompt-pages-xeon.json).
 
 A weight may be stored tiled (`PackedWeight.tiled`, made by `tile`): its rows regrouped in tiles
 of 16 so that the kernel multiplies 16 output features per instruction (layout and kernel:
