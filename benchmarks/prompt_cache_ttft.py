@@ -1,6 +1,7 @@
 """TTFT of a first read, an identical repeat and the chat's toggle (scheduler: spec off, then on),
 medians over the first N questions of data/questions.jsonl (RAGSPEC_HOME must hold an index of
-data/corpus). Usage: python benchmarks/prompt_cache_ttft.py [N]"""
+data/corpus). Usage: python benchmarks/prompt_cache_ttft.py [N]; RAGSPEC_PREFILL_DTYPE and
+RAGSPEC_PROMPT_PAGES=1 choose the prompt read."""
 import json
 import os
 import resource
@@ -8,7 +9,7 @@ import statistics
 import sys
 from dataclasses import replace
 
-from ragspec.decoding.packed import prefill_precision
+from ragspec.decoding.packed import prefill_precision, reads_in_pages
 from ragspec.decoding.scheduler import scheduler_for
 from ragspec.decoding.types import DraftConfig, GenerationConfig
 from ragspec.loading import load_generator, open_store
@@ -42,7 +43,7 @@ def med(k):
     return statistics.median(r[k] for r in rows)
 
 
-print(json.dumps(dict(precision=prefill_precision(), n=len(rows), prompt_tokens=med("prompt"),
+print(json.dumps(dict(precision=prefill_precision(), pages=reads_in_pages(), n=len(rows), prompt_tokens=med("prompt"),
       first_ttft=med("first"), toggle_ttft=med("toggle"), repeat_ttft=med("repeat"),
       toggle_ratio=statistics.median(r["toggle"] / r["first"] for r in rows),
       repeat_ratio=statistics.median(r["repeat"] / r["first"] for r in rows),

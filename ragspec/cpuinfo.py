@@ -3,7 +3,7 @@
 Contract: `field(name, cpuinfo)` is the value of `name` for the first processor (None where
 there is no such file, as on macOS or Windows, or no such field); `flags(cpuinfo)` is the set
 of flags the first processor lists (empty where there is no x86 `flags` line: ARM says
-"Features"); `has_native_bf16(cpuinfo)` says whether they name an
+"Features"); `ram_bytes()` is the physical memory; `has_native_bf16(cpuinfo)` says whether they name an
 instruction set that multiplies bfloat16 natively (avx512_bf16, amx_bf16: what oneDNN uses for
 torch's bf16 matrix products). `cpuinfo` defaults to CPUINFO, read at each call (tests point it
 at a file of their own).
@@ -15,6 +15,7 @@ and the same model would then answer a question differently after a restart.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -42,3 +43,11 @@ def flags(cpuinfo: Path | None = None) -> frozenset[str]:
 def has_native_bf16(cpuinfo: Path | None = None) -> bool:
     """Whether the CPU multiplies bfloat16 natively (see the module docstring)."""
     return not flags(cpuinfo).isdisjoint(NATIVE_BF16)
+
+
+def ram_bytes() -> int:
+    """The machine's physical memory in bytes (8 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30

@@ -4,9 +4,14 @@ Contract: `install(model)` makes a packed model's step forwards (decode and veri
 packed.STEP_ROWS rows, or any forward inside packed.step_forward()) run as ONE call of
 ragspec's StepModel (native/step.cpp) instead of transformers' modules around the kernels, and
 returns None; where the model cannot run it (a family or a layer kind it does not cover, or
-RAGSPEC_NATIVE_STEP=0) it changes nothing and returns why, in one line. Every other forward — a
-long prefill, a call with embeddings, a mask other than all ones or
-positions other than the rows' own, a cache of other layers — runs the model's own forward as before.
+RAGSPEC_NATIVE_STEP=0) it changes nothing and returns why, in one line. A long prefill with
+bf16 or fp32 prompt reads (packed.prefill_precision) runs the model's own forward, or, with
+RAGSPEC_PROMPT_PAGES=1 (packed.reads_in_pages), runs in pages (`_read_in_pages`): the
+model's own forward on de-quantised weights one PROMPT_PAGE at a time, then the native step for
+the piece holding the last token, so that a prompt read after pages kept by the prompt cache
+(ragspec.decoding.prefix_cache) makes the calls a whole read makes. Every other forward — a call
+with embeddings, a mask other than all ones or positions other than the rows' own, a cache of
+other layers — runs the model's own forward.
 transformers' `generate` (an all-ones mask, its own DynamicCache) takes the native step too,
 so greedy `generate` and ragspec's engine compute the same steps on the same model object.
 `stats(model)` gives the native step's time counters. The product installs it on every packed
@@ -52,7 +57,14 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from ragspec.decoding.cache import GrowingLayer
-from ragspec.decoding.packed import PackedLinear, _is_step, prefill_precision
+from ragspec.decoding.packed import (
+    PROMPT_PAGE,
+    PackedLinear,
+    _is_step,
+    prefill_precision,
+    prompt_pages,
+    reads_in_pages,
+)
 
 ENV = "RAGSPEC_NATIVE_STEP"
 KV_ENV = "RAGSPEC_KV_CACHE"
@@ -212,23 +224,30 @@ def install(model) -> str | None:
     # shapes and types the cache buffers GrowingLayer makes
     dummy = torch.empty(1, kv_heads, 0, head_dim, dtype=storage)
 
+    def native(input_ids, cache, start: int, keep: int) -> torch.Tensor:
+        rows = input_ids.shape[1]
+        keys, values = _reserve(cache.layers, start, start + rows, dummy)
+        x = embed(input_ids[0]).float()
+        logits = _in_pieces(step, x, keys, values, start, keep)
+        _publish(cache.layers, keys, values, start + rows)
+        return logits
+
     @functools.wraps(module_forward)
     def forward(input_ids=None, attention_mask=None, position_ids=None, cache=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
-        start = _native_start(input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
-                              use_cache, logits_to_keep, kwargs, n_layers)
-        if start is None:
+        start = _plain_start(input_ids, attention_mask, position_ids, cache, inputs_embeds,
+                             labels, use_cache, logits_to_keep, kwargs, n_layers)
+        if start is None or not (_is_step(input_ids.shape[1]) or reads_in_pages()):
             return module_forward(input_ids=input_ids, attention_mask=attention_mask,
                                   position_ids=position_ids, cache=cache,
                                   inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
                                   logits_to_keep=logits_to_keep, **kwargs)
         rows = input_ids.shape[1]
-        keys, values = _reserve(cache.layers, start, start + rows, dummy)
-        x = embed(input_ids[0]).float()
         keep = rows if logits_to_keep <= 0 else min(rows, logits_to_keep)
-        logits = _in_pieces(step, x, keys, values, start, keep)
-        _publish(cache.layers, keys, values, start + rows)
-        return _output(logits, cache)
+        if _is_step(rows):
+            return _output(native(input_ids, cache, start, keep), cache)
+        return _output(_read_in_pages(model, module_forward, native, input_ids, cache, start,
+                                      keep), cache)
 
     model.forward = forward
     model._ragspec_step = step
@@ -286,16 +305,26 @@ def forward_many(model, runs) -> list[torch.Tensor]:
 
 def _native_start(input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
                   use_cache, logits_to_keep, kwargs, n_layers: int) -> int | None:
-    """The cached positions before a forward the native step can run, or None when it cannot:
-    one sequence of at most a step's rows, no embeddings or labels, a cache of GrowingLayer
-    (ragspec's) or DynamicLayer (transformers' generate) layers at one length, no mask or an
-    all-ones one, and no position ids or the rows' own (what generate passes)."""
+    """The cached positions before a forward the native step runs, or None when it does not:
+    a plain forward (`_plain_start`) of a step's rows (packed._is_step)."""
+    start = _plain_start(input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
+                         use_cache, logits_to_keep, kwargs, n_layers)
+    return start if start is not None and _is_step(input_ids.shape[1]) else None
+
+
+def _plain_start(input_ids, attention_mask, position_ids, cache, inputs_embeds, labels,
+                 use_cache, logits_to_keep, kwargs, n_layers: int) -> int | None:
+    """The cached positions before a plain forward, else None: one sequence, no embeddings or
+    labels, a cache of GrowingLayer (ragspec's) or DynamicLayer (transformers' generate) layers
+    at one length, no mask or an all-ones one, and no position ids or the rows' own (what
+    generate passes). The native step runs those of a step's rows; longer ones on bf16 or fp32
+    prompt reads are read in pages (`_read_in_pages`)."""
     layers = getattr(cache, "layers", None)
     if (input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1
             or inputs_embeds is not None or labels is not None
             or use_cache is False or not isinstance(logits_to_keep, int)
             or any(k != "return_dict" or v is not True for k, v in kwargs.items())
-            or not _is_step(input_ids.shape[1]) or layers is None or len(layers) != n_layers
+            or layers is None or len(layers) != n_layers
             or not all(type(layer) in _LAYERS for layer in layers)):
         return None
     start = layers[0].get_seq_length()
@@ -328,6 +357,35 @@ def _in_pieces(step, x: torch.Tensor, keys: list, values: list, start: int,
         b = min(rows, a + PIECE_ROWS)
         wanted = max(0, min(b - a, b - (rows - keep)))  # this piece's rows among the last `keep`
         parts.append(step.forward(x[a:b], keys, values, start + a, wanted))
+    return torch.cat(parts)
+
+
+def _read_in_pages(model, module_forward, native, input_ids, cache, start: int,
+                   keep: int) -> torch.Tensor:
+    """A bf16 or fp32 prompt read of input_ids (1, rows) from position `start`, in pieces that
+    end at multiples of PROMPT_PAGE: every piece but the last a forward of the model's modules
+    of its own (de-quantised weights, inside packed.prompt_pages()), the last piece (the one
+    holding the last row: 1 to PROMPT_PAGE rows) the native step. Logits for the last `keep`
+    rows. A read that starts at a page boundary makes, piece for piece, the calls a read from
+    the prompt's start makes from there on, so a prompt whose first pages come from the prompt
+    cache ends with the cache and logits of a whole read, bit for bit, whatever the kernels do
+    inside a call; and a rest of a step's rows after the cached pages is that last piece."""
+    rows = input_ids.shape[1]
+    end = start + rows
+    last = max(start, (end - 1) // PROMPT_PAGE * PROMPT_PAGE)
+    parts, a = [], start
+    with prompt_pages():
+        while a < last:
+            b = min(last, (a // PROMPT_PAGE + 1) * PROMPT_PAGE)
+            piece = input_ids[:, a - start:b - start]
+            wanted = max(0, min(b - a, b - (end - keep)))  # this piece's rows among the last keep
+            if wanted:
+                parts.append(module_forward(input_ids=piece, cache=cache, use_cache=True,
+                                            logits_to_keep=wanted).logits[0].float())
+            else:  # no logits: the model without its head
+                model.model(input_ids=piece, cache=cache, use_cache=True)
+            a = b
+    parts.append(native(input_ids[:, last - start:], cache, last, min(keep, end - last)))
     return torch.cat(parts)
 
 
@@ -374,10 +432,11 @@ def installed(model) -> bool:
 
 
 def reads_prompts(model) -> bool:
-    """Whether the native step runs this model's prompt reads too (int8 prompt reads,
+    """Whether the native step runs this model's whole prompt reads (int8 prompt reads,
     packed.prefill_precision): then a prompt read in pieces of any size gives, bit for bit, the
     cache and logits of the prompt read whole, and a piece can share one native call with other
-    sequences' steps (ragspec.decoding.batch)."""
+    sequences' steps (ragspec.decoding.batch). (bf16 and fp32 reads are exact in pieces only
+    where the pieces start at pages: `_read_in_pages`.)"""
     return installed(model) and prefill_precision() == "int8"
 
 

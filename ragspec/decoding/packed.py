@@ -29,6 +29,13 @@ chosen per forward:
     same bits a step gives. Off by default: whole prompt reads measured
     faster on the de-quantising path at three of four shapes and formats on one Xeon.
     Prefill runs the same way whether speculation is on or off, so it does not affect exactness.
+    With RAGSPEC_PROMPT_PAGES=1 (`reads_in_pages`) a bf16 or fp32 prompt read runs in pages
+    (ragspec.decoding.native_step, inside `prompt_pages()`): pieces of PROMPT_PAGE rows, each a
+    forward of its own on the de-quantised path whatever its rows, every weight de-quantised
+    once for the whole read, so that the prompt cache can reuse its pages exactly. Off by
+    default: each page is a forward of every module, and on a busy 2-core Xeon (load average
+    7-9.5) the many small forwards made an 800-token bf16 read 1.9-2.6x slower
+    (docs/results/prompt-pages-xeon.json).
 
 A weight may be stored tiled (`PackedWeight.tiled`, made by `tile`): its rows regrouped in tiles
 of 16 so that the kernel multiplies 16 output features per instruction (layout and kernel:
@@ -74,8 +81,35 @@ STEP_ROWS = 64
 # Prefill de-quantises at most this many values of a weight at a time.
 _TILE_VALUES = 2 << 20
 PREFILL_ENV = "RAGSPEC_PREFILL_DTYPE"
+# A de-quantised prompt read runs in pieces of this many rows, cut at multiples of it counted
+# from the prompt's first token (the prompt cache's pages are as long: prefix_cache.PAGE_TOKENS).
+PROMPT_PAGE = 64
+PAGES_ENV = "RAGSPEC_PROMPT_PAGES"
 
 _state = threading.local()
+
+
+class _Tiles(dict):
+    """The de-quantised tiles of the weights a `prompt_pages()` block has used, by layer, while
+    they take at most `limit` bytes (the rest is de-quantised at each use: the same values)."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit, self.bytes = limit, 0
+
+
+@contextmanager
+def prompt_pages() -> Iterator[None]:
+    """Every packed layer takes the prefill path inside the block, however few rows a forward
+    has, and de-quantises a weight once for the whole block (kept up to an eighth of the RAM):
+    a prompt read page by page (ragspec.decoding.native_step) costs one de-quantisation."""
+    previous = getattr(_state, "pages", None)
+    if previous is None:
+        _state.pages = _Tiles(cpuinfo.ram_bytes() // 8)
+    try:
+        yield
+    finally:
+        _state.pages = previous
 
 
 @contextmanager
@@ -103,14 +137,24 @@ def prefill_precision() -> str:
     return "bf16" if cpuinfo.has_native_bf16() else "fp32"
 
 
+@functools.lru_cache(maxsize=1)
+def reads_in_pages() -> bool:
+    """Whether bf16 and fp32 prompt reads run in pages (RAGSPEC_PROMPT_PAGES=1; see the module
+    docstring): fixed for the process, as the precision is, since it changes the answer's bits."""
+    return os.environ.get(PAGES_ENV, "").strip() == "1"
+
+
 def prefill_dtype() -> torch.dtype:
     """The dtype of de-quantised prefill matmuls (bf16 or fp32; see prefill_precision)."""
     return torch.bfloat16 if prefill_precision() == "bf16" else torch.float32
 
 
 def _is_step(rows: int) -> bool:
-    """Whether a forward of `rows` rows runs the step kernels (always, with int8 prompt reads)."""
-    return rows <= STEP_ROWS or getattr(_state, "step", False) or prefill_precision() == "int8"
+    """Whether a forward of `rows` rows runs the step kernels (always, with int8 prompt reads;
+    never inside prompt_pages(), otherwise)."""
+    if getattr(_state, "step", False) or prefill_precision() == "int8":
+        return True
+    return rows <= STEP_ROWS and getattr(_state, "pages", None) is None
 
 
 def _ops():
@@ -262,15 +306,31 @@ class PackedLinear(nn.Module):
     def _prefill(self, x: torch.Tensor) -> torch.Tensor:
         dtype = prefill_dtype()
         x = x.to(dtype)
-        step = max(1, _TILE_VALUES // self.in_features)
-        if step >= self.out_features:  # one tile: no copy into a result buffer
-            return (x @ self.packed.rows(torch.arange(self.out_features)).to(dtype).t()).float()
-        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
-        for start in range(0, self.out_features, step):
-            end = min(self.out_features, start + step)
-            tile = self.packed.rows(torch.arange(start, end)).to(dtype)
+        out = None
+        for start, end, tile in self._tiles(dtype):
+            if end - start == self.out_features:  # one tile: no copy into a result buffer
+                return (x @ tile.t()).float()
+            if out is None:
+                out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
             out[:, start:end] = x @ tile.t()
         return out
+
+    def _tiles(self, dtype: torch.dtype):
+        """(start, end, rows start..end de-quantised to dtype) over the weight's rows, a tile
+        at a time; inside prompt_pages() each made once for the block (prompt_pages)."""
+        kept = getattr(_state, "pages", None)
+        if kept is not None and id(self) in kept:
+            return kept[id(self)]
+        step = max(1, _TILE_VALUES // self.in_features)
+        tiles = ((a, min(self.out_features, a + step),
+                  self.packed.rows(torch.arange(a, min(self.out_features, a + step))).to(dtype))
+                 for a in range(0, self.out_features, step))
+        size = self.out_features * self.in_features * torch.empty(0, dtype=dtype).element_size()
+        if kept is None or kept.bytes + size > kept.limit:
+            return tiles
+        kept[id(self)] = list(tiles)
+        kept.bytes += size
+        return kept[id(self)]
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

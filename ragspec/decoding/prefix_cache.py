@@ -6,7 +6,9 @@ holding copies of that page's keys and values in every layer. `restore(prompt, c
 the longest run of cached pages that prefixes `prompt` into a fresh cache and returns how many
 positions it wrote (a multiple of PAGE_TOKENS, always short of the prompt's last token, so the
 first token's logits come from a real forward); the caller reads the rest. `store(prompt,
-cache)` copies the prompt's whole pages out of a cache that holds (at least) the prompt. Memory
+cache)` copies the prompt's whole pages before the one holding its last token (that one is
+read by the step kernels on every path: native_step._read_in_pages) out of a cache that holds
+(at least) the prompt. Memory
 stays within `budget_bytes`: least recently used pages go first, deepest pages of a chain
 before their prefixes (a lookup touches a chain from its end back to its start), so what is
 dropped is always a suffix and never strands reachable pages. A page that would not fit is not
@@ -15,13 +17,16 @@ stored: a full budget costs misses, nothing else.
 Exact by construction, not by luck: a page is used only when its tokens equal the prompt's
 tokens at its place AND its parent is the very page (by serial number, not by hash) that
 matched the positions before it, so a hit is a prompt prefix equal token for token. Reuse is
-only switched on where reading a prompt in two pieces leaves the cache and the logits bit for
-bit as one read does (`problem(model)` is None): the native step's int8 prompt reads, whose
-every row is computed from that row alone (native_step.reads_prompts; the test suite checks the
-cache after a reuse against one whole read). On other paths `problem` says why it is off — the
-bf16 and fp32 prompt reads multiply a long prompt with de-quantised weights but a short rest
-with the int8 step kernels, and the module forward rounds a prompt's rows with the shapes of
-its forward — and GenerationStats.prompt_cache_off carries that line.
+only switched on where reading a prompt after its cached pages leaves the cache and the logits
+bit for bit as one read does (`problem(model)` is None): where the native step is installed, its
+int8 prompt reads, which compute every row from that row alone (native_step.reads_prompts), and
+its bf16 and fp32 prompt reads when they run in pages (RAGSPEC_PROMPT_PAGES=1,
+native_step._read_in_pages: the rest after cached pages is read by the very calls a whole read
+makes there). The test suite checks the cache and logits after a reuse against one whole read,
+on each. Elsewhere `problem` says why the cache is off — bf16 and fp32 prompt reads of the
+model's whole forward multiply a long prompt with de-quantised weights but a short rest with
+the int8 step kernels, and the module forward rounds a prompt's rows with the shapes of its
+forward — and GenerationStats.prompt_cache_off carries that line.
 
 Budget: `budget_bytes(model)`, the one reader of RAGSPEC_PROMPT_CACHE_MB (the CLI's
 --prompt-cache-mb sets it; 0 turns the cache off); default min(RAM / 16, 8 full contexts of the
@@ -39,7 +44,10 @@ from dataclasses import dataclass
 
 import torch
 
-PAGE_TOKENS = 64
+from ragspec import cpuinfo
+from ragspec.decoding.packed import PROMPT_PAGE
+
+PAGE_TOKENS = PROMPT_PAGE  # a bf16 or fp32 prompt read's pieces end at these pages' ends
 ENV = "RAGSPEC_PROMPT_CACHE_MB"
 _ROOT = b"ragspec-prefix"
 
@@ -175,7 +183,7 @@ class PrefixCache:
         prompt = [int(t) for t in prompt]
         size = self.page_tokens
         layers = _layers(cache)
-        full = min(len(prompt), layers[0].get_seq_length()) // size
+        full = min(len(prompt) - 1, layers[0].get_seq_length()) // size  # not the last token's
         if full == 0 or self.budget_bytes == 0:
             return 0
         with self._lock:
@@ -235,15 +243,15 @@ class PrefixCache:
 def problem(model) -> str | None:
     """Why reusing read prompts would not be exact on this model's prompt reads (None: it is)."""
     from ragspec.decoding import native_step
-    from ragspec.decoding.packed import PREFILL_ENV, prefill_precision
+    from ragspec.decoding.packed import PAGES_ENV, prefill_precision, reads_in_pages
 
     if native_step.installed(model):
         precision = prefill_precision()
-        if precision == "int8":
+        if precision == "int8" or reads_in_pages():
             return None
         return (f"prompt reads run in {precision} (de-quantised weights), a short rest in the "
                 f"int8 step kernels: a prompt read in two pieces would round otherwise than one "
-                f"read; {PREFILL_ENV}=int8 reads prompts exactly piece by piece")
+                f"read; {PAGES_ENV}=1 reads them in pages, exactly")
     return ("this model's prompt reads run transformers' modules (the native step is not "
             "installed), whose rounding depends on the shape of the forward")
 
@@ -256,13 +264,6 @@ def kv_bytes_per_token(model) -> int:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     dtype = getattr(model, "_ragspec_kv_dtype", None) or torch.float32
     return cfg.num_hidden_layers * 2 * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
-
-
-def _ram_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
 
 
 def budget_bytes(model) -> int:
@@ -279,4 +280,4 @@ def budget_bytes(model) -> int:
                              f"off), got {raw!r}")
         return mb << 20
     context = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
-    return min(_ram_bytes() // 16, 8 * context * kv_bytes_per_token(model))
+    return min(cpuinfo.ram_bytes() // 16, 8 * context * kv_bytes_per_token(model))

@@ -129,23 +129,47 @@ def test_native_logits_and_cache_match_the_module_forward(pairs, family):
     assert native_step.stats(model)["forwards"] == 2  # both went through the native step
 
 
-def test_a_long_prefill_keeps_the_modules_and_the_steps_after_it_are_native(pairs, monkeypatch):
-    """bf16/fp32 prompt reads (packed.prefill_precision) de-quantise on the modules."""
-    from ragspec.decoding.packed import PREFILL_ENV, prefill_precision
+@pytest.mark.parametrize("pages", [False, True])
+def test_a_long_prefill_runs_the_modules_or_their_pages_and_the_steps_after_it_are_native(
+        pairs, monkeypatch, pages):
+    """bf16/fp32 prompt reads (packed.prefill_precision) de-quantise on the modules: the whole
+    forward, or with RAGSPEC_PROMPT_PAGES=1 a page at a time, the piece holding the last token
+    being the native step's (native_step._read_in_pages). The steps after it are native."""
+    from ragspec.decoding.packed import (
+        PAGES_ENV,
+        PREFILL_ENV,
+        PROMPT_PAGE,
+        prefill_precision,
+        prompt_pages,
+        reads_in_pages,
+    )
 
     model, module_forward, weights = pairs["llama"]
     vocab = model.config.vocab_size
     prompt = torch.randint(3, vocab, (1, STEP_ROWS + 6), generator=torch.Generator().manual_seed(3))
     monkeypatch.setenv(PREFILL_ENV, "fp32")
+    monkeypatch.setenv(PAGES_ENV, "1" if pages else "0")
     prefill_precision.cache_clear()
+    reads_in_pages.cache_clear()
     native_step.reset_stats(model)
     try:
         with torch.inference_mode():
             ours, theirs = new_cache(model), new_cache(model)
             a = model(input_ids=prompt, cache=ours, use_cache=True, logits_to_keep=1).logits[0]
-            b = module_forward(input_ids=prompt, cache=theirs, use_cache=True,
-                               logits_to_keep=1).logits[0]
-            assert torch.equal(a, b) and native_step.stats(model)["forwards"] == 0
+            if pages:
+                assert native_step.stats(model)["forwards"] == 1  # the last piece
+                with prompt_pages():  # the first page, as a forward of its own on the modules
+                    module_forward(input_ids=prompt[:, :PROMPT_PAGE], cache=theirs, use_cache=True)
+                for (ka, va), (kb, vb) in zip(_layer_kv(ours, PROMPT_PAGE),
+                                              _layer_kv(theirs, PROMPT_PAGE), strict=True):
+                    assert torch.equal(ka, kb) and torch.equal(va, vb)
+                b = module_forward(input_ids=prompt[:, PROMPT_PAGE:], cache=theirs,
+                                   use_cache=True, logits_to_keep=1).logits[0]
+                _assert_close(a, b, weights)
+            else:
+                b = module_forward(input_ids=prompt, cache=theirs, use_cache=True,
+                                   logits_to_keep=1).logits[0]
+                assert torch.equal(a, b) and native_step.stats(model)["forwards"] == 0
             token = a.argmax(-1, keepdim=True)
             for _ in range(3):
                 a = model(input_ids=token, cache=ours, use_cache=True).logits[0]
@@ -154,7 +178,8 @@ def test_a_long_prefill_keeps_the_modules_and_the_steps_after_it_are_native(pair
                 token = a.argmax(-1, keepdim=True)
     finally:
         prefill_precision.cache_clear()
-    assert native_step.stats(model)["forwards"] == 3
+        reads_in_pages.cache_clear()
+    assert native_step.stats(model)["forwards"] == 3 + pages
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -1,12 +1,14 @@
 """The prompt cache (ragspec.decoding.prefix_cache) is exact or off, on every prompt-read path.
 
-int8 prompt reads on the native step: a prompt whose prefix comes from the cache leaves the KV
-cache and the logits bit for bit as one whole read does, and the answer equals the uncached
-engine's and transformers' greedy `generate`'s, alone and through the scheduler (the chat's
-toggle: the same prompt twice). bf16 and fp32 prompt reads, and the module forward: the cache is
-off and the stats say why (for bf16 and fp32 the test measures that a read in two pieces does
-round otherwise). The budget holds; a full one costs only misses; a page is never used after
-another prefix than its own.
+Where the native step is installed — int8 prompt reads, and bf16 and fp32 ones in pages
+(RAGSPEC_PROMPT_PAGES=1, native_step._read_in_pages) — a prompt whose prefix comes from the
+cache leaves the KV cache and the logits bit for bit as one whole read does, and the answer
+equals the uncached engine's and transformers' greedy `generate`'s, alone and through the
+scheduler (the chat's toggle: the same prompt twice). bf16 and fp32 reads of the whole forward
+(no pages; the test measures that a read in two pieces rounds otherwise) and the module forward
+keep the cache off, and the stats say why.
+The budget holds; a full one costs only misses; a page is never used after another prefix than
+its own, nor the page holding a prompt's last token (a step's read) kept.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from test_packed import packed_copy
 from ragspec.decoding import native, native_step, prefix_cache
 from ragspec.decoding.cache import new_cache
 from ragspec.decoding.engine import Generator
-from ragspec.decoding.packed import PREFILL_ENV, prefill_precision
+from ragspec.decoding.packed import PAGES_ENV, PREFILL_ENV, prefill_precision, reads_in_pages
 from ragspec.decoding.prefix_cache import PAGE_TOKENS, PrefixCache
 from ragspec.decoding.scheduler import Scheduler
 from ragspec.decoding.types import DraftConfig, GenerationConfig
@@ -46,15 +48,20 @@ def packed(tiny_tokenizer, tmp_path_factory):
     return model
 
 
-def _precision(monkeypatch, value: str) -> None:
+def _precision(monkeypatch, value: str, pages: bool = True) -> None:
+    """Prompt reads in `value`; bf16 and fp32 ones in pages (RAGSPEC_PROMPT_PAGES=1) unless not
+    `pages`."""
     monkeypatch.setenv(PREFILL_ENV, value)
+    monkeypatch.setenv(PAGES_ENV, "1" if pages else "0")
     prefill_precision.cache_clear()
+    reads_in_pages.cache_clear()
 
 
 @pytest.fixture(autouse=True)
 def _fresh_precision():
     yield
     prefill_precision.cache_clear()
+    reads_in_pages.cache_clear()
 
 
 def _prompts(vocab: int, shared: int, tails=(37, 51), seed: int = 3) -> list[list[int]]:
@@ -76,33 +83,42 @@ def _assert_same_cache(a, b, length: int) -> None:
         assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
 
 
-def test_an_int8_read_after_the_cached_prefix_is_bit_identical_to_one_whole_read(
-        packed, monkeypatch):
-    _precision(monkeypatch, "int8")
-    first, second = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 10)
+PRECISIONS = ["int8", "bf16", "fp32"]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_read_after_the_cached_prefix_is_bit_identical_to_one_whole_read(
+        packed, monkeypatch, precision):
+    """bf16/fp32: the rest after one cached page is two de-quantised pages and a step's piece,
+    the calls a whole read makes there; a first prompt of exactly two pages keeps only its first
+    (its second, holding its last token, was a step's read, not a de-quantised page's)."""
+    _precision(monkeypatch, precision)
+    first, second = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS, tails=(0, 70))
     pages = PrefixCache(BIG)
     cache = new_cache(packed)
     _read(packed, first, cache)
-    assert pages.store(first, cache) == len(first) // PAGE_TOKENS
+    assert pages.store(first, cache) == 1
     whole = new_cache(packed)
     want = _read(packed, second, whole)
     reused = new_cache(packed)
     start = pages.restore(second, reused)
-    assert start == 2 * PAGE_TOKENS  # the shared pages; the third differs
+    assert start == PAGE_TOKENS
     got = _read(packed, second, reused, start)
     assert torch.equal(got, want)
     _assert_same_cache(reused, whole, len(second))
+    assert pages.store(second, reused) == 2
     # the same prompt again: everything but its last page (the last token is always read)
     again = new_cache(packed)
     start = pages.restore(second, again)
-    assert start == (len(second) - 1) // PAGE_TOKENS * PAGE_TOKENS
+    assert start == (len(second) - 1) // PAGE_TOKENS * PAGE_TOKENS == 3 * PAGE_TOKENS
     assert torch.equal(_read(packed, second, again, start), want)
     _assert_same_cache(again, whole, len(second))
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_with_the_cache_the_engine_answers_as_without_it_and_as_transformers_generate(
-        packed, tiny_tokenizer, monkeypatch):
-    _precision(monkeypatch, "int8")
+        packed, tiny_tokenizer, monkeypatch, precision):
+    _precision(monkeypatch, precision)
     prompts = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 5, tails=(30, 40, 60))
     cold = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=0)
     warm = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
@@ -125,19 +141,22 @@ def test_with_the_cache_the_engine_answers_as_without_it_and_as_transformers_gen
     assert 0 < stats["bytes"] <= BIG
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_the_scheduler_reuses_prompts_and_gives_the_solo_answers(packed, tiny_tokenizer,
-                                                                   monkeypatch):
+                                                                   monkeypatch, precision):
     """Through the scheduler (the chat and `serve`): a request after another with the same
     prefix, and the toggle's second run of one prompt, read only past the cached pages; two
-    requests at once share the pages the first one left."""
-    _precision(monkeypatch, "int8")
+    requests at once share the pages the first one left. (bf16 and fp32 prompts are read whole,
+    the scheduler's default: a chunk of a prompt reads as its own forward does.)"""
+    _precision(monkeypatch, precision)
     prompts = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 2, tails=(20, 33, 70))
     cold = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=0)
     solo = {(i, c is SPEC): cold.generate(p, c).token_ids
             for i, p in enumerate(prompts) for c in (PLAIN, SPEC)}
     warm = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
-    scheduler = Scheduler(warm, prefill_chunk=16)
-    assert scheduler.shared  # int8 reads: prompt pieces ride in the decoding rows' call
+    scheduler = Scheduler(warm, prefill_chunk=16 if precision == "int8" else None)
+    # int8 reads: prompt pieces ride in the decoding rows' call
+    assert scheduler.shared == (precision == "int8")
     try:
         first = scheduler.submit(prompts[0], PLAIN).result()
         assert first.stats.cached_prompt_tokens == 0 and first.token_ids == solo[0, False]
@@ -155,9 +174,9 @@ def test_the_scheduler_reuses_prompts_and_gives_the_solo_answers(packed, tiny_to
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_dequantised_prompt_reads_round_otherwise_in_pieces_so_the_cache_is_off(
+def test_dequantised_prompt_reads_round_otherwise_in_pieces_so_without_pages_the_cache_is_off(
         packed, tiny_tokenizer, monkeypatch, precision):
-    _precision(monkeypatch, precision)
+    _precision(monkeypatch, precision, pages=False)
     prompt = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 10)[0]
     # measured: the prefix read as a prompt, the rest (a step's rows) as the cache would have it
     whole, pieces = new_cache(packed), new_cache(packed)
@@ -169,7 +188,7 @@ def test_dequantised_prompt_reads_round_otherwise_in_pieces_so_the_cache_is_off(
     for _ in range(2):
         stats = gen.generate(prompt, PLAIN).stats
         assert stats.cached_prompt_tokens == 0
-        assert precision in stats.prompt_cache_off and PREFILL_ENV in stats.prompt_cache_off
+        assert precision in stats.prompt_cache_off and PAGES_ENV in stats.prompt_cache_off
     assert "off" in gen.prompt_cache_stats()
 
 
@@ -214,13 +233,13 @@ def test_evicting_drops_the_deepest_pages_of_a_chain_first(packed, monkeypatch):
     cache = new_cache(packed)
     _read(packed, a, cache)
     assert pages.store(a, cache) == 3
-    other = _prompts(packed.config.vocab_size, PAGE_TOKENS, tails=(0,), seed=9)[0]
+    other = _prompts(packed.config.vocab_size, PAGE_TOKENS, tails=(1,), seed=9)[0]
     cache = new_cache(packed)
     _read(packed, other, cache)
     assert pages.store(other, cache) == 1  # evicts a's last page, not its first
     assert pages.stats().evicted_pages == 1
     assert pages.restore(a, new_cache(packed)) == 2 * PAGE_TOKENS
-    assert pages.restore(other, new_cache(packed)) == 0  # its one page holds its last token
+    assert pages.restore(other, new_cache(packed)) == PAGE_TOKENS
 
 
 def test_a_page_is_used_only_after_the_very_prefix_it_was_read_after(packed, monkeypatch):
