@@ -12,21 +12,34 @@ instead of aborting the others:
                   on the bundled sets' prompts (data/ and data/bench/, built by the real pipeline);
   divergence      the bundled model in the device's fast dtype (bf16 on CUDA): the share of
                   prompts where ragspec's greedy output differs from model.generate's and from the
-                  engine's own output without speculation (at least 20 prompts on CUDA);
-  speed           ragspec.bench.runner's methods (greedy, ragspec, hf_greedy, hf_pld, oracle) per prompt:
-                  median tokens/s and speedup (hf_pld over hf_greedy, the rest over greedy), for
-                  the bundled model and every larger instruct model found in the local Hugging
-                  Face cache;
+                  engine's own output without speculation (all 26 prompts of both sets on CUDA),
+                  and which step ran them (on CUDA the fixed-shape step,
+                  ragspec.decoding.fixed.step: speculation on == off by construction);
+  steps           ms per decode step of 1 and 17 rows on each path (transformers' modules, the
+                  fixed step eager and compiled + CUDA graph; ragspec.bench.step_speed) for the
+                  bundled model and for random weights at a 1.7B published shape;
+  speed           ragspec.bench.runner's methods (greedy, ragspec, hf_greedy, hf_pld, oracle)
+                  and hf_static (generate with transformers' static cache, compiled on CUDA) per
+                  prompt: median tokens/s end to end, median ms per token after the first, and
+                  speedup (hf_pld and hf_static over hf_greedy, the rest over greedy), for the
+                  bundled model, the random 1.7B shape (named so: its answers mean nothing, its
+                  costs are the size's; no stop rule, as it repeats itself) and every larger
+                  instruct model found in the local Hugging Face cache;
   sampling        temperature sampling with speculation runs on the device, repeats for a seed
                   and stays in the vocabulary;
-  faiss           a GPU FAISS index returns the same top-k as the CPU index (skipped, with the
-                  reason, when faiss has no GPU support).
+  faiss           a GPU FAISS index returns the same top-k as the CPU index; without GPU
+                  support, which faiss package is installed and the command that swaps in
+                  requirements-gpu.txt's faiss-gpu.
 
 A GPU machine that cannot hold the embedder or the retrieval stack (a machine lent for minutes,
 with little room for files) takes the prompts from a file: `--save-prompts FILE` (here, where the
 embedder is) builds them with the real pipeline and the device's limits and stops;
 `--prompts FILE` (there) uses them instead of ingesting. The file records the tokenizer it was
 built with, and a different one is refused.
+data/prompts/gpu-check-cuda.json is that file for the bundled model with the CUDA limits (26
+prompts of data/ and data/bench/, 4 passages each), so a GPU machine runs
+
+    python -m ragspec.bench.gpu_check --prompts data/prompts/gpu-check-cuda.json --out FILE
 
 A time budget (--budget-s, default 360 s of generation; loading and the first conversion of the
 bundled model come on top) keeps the whole run under 8 minutes: identity may use a quarter of it,
@@ -53,10 +66,16 @@ SETS = (("data", REPO / "data" / "corpus", REPO / "data" / "questions.jsonl"),
 # Per device: new tokens per answer, questions per set in each section (None: all), passages per
 # prompt and a prompt length cap (as `ragspec ask` on CUDA; short prompts on the CPU, where the
 # check only proves the script runs), extra cached models for the speed table.
+# shape: the random-weight model of bench.shapes the steps and speed sections add; step_paths:
+# the step_speed paths timed (inductor's C++ build of the compiled path takes minutes on a CPU).
 LIMITS = {"cuda": dict(new_tokens=128, prompts=None, speed_prompts=None, passages=4,
-                       max_prompt_tokens=None, extra_models=2),
+                       max_prompt_tokens=None, extra_models=2, shape="smollm2-1.7b",
+                       step_paths=("modules", "fixed_eager", "fixed_compiled"), step_repeats=20,
+                       step_context=1200),
           "cpu": dict(new_tokens=8, prompts=1, speed_prompts=1, passages=1,
-                      max_prompt_tokens=256, extra_models=0)}
+                      max_prompt_tokens=256, extra_models=0, shape="smollm2-135m",
+                      step_paths=("modules", "fixed_eager"), step_repeats=2, step_context=200)}
+SHAPE = "shape:"  # a model spec naming a bench.shapes shape: random weights built on the device
 
 
 STARTED = time.monotonic()
@@ -106,8 +125,27 @@ class Check:
         key = (spec, pick_dtype(pick_device(self.device), exact))
         if key not in self._loaded:
             log(f"loading {spec or 'the bundled model'} ({key[1]})")
-            self._loaded[key] = load_generator(spec, None, 16, device=self.device, exact=exact)
+            if spec is not None and spec.startswith(SHAPE):
+                self._loaded[key] = self.shape_generator(spec[len(SHAPE):], key[1])
+            else:
+                self._loaded[key] = load_generator(spec, None, 16, device=self.device,
+                                                   exact=exact)
         return self._loaded[key]
+
+    def shape_generator(self, name: str, dtype):
+        """(LoadedModel, Generator) of random weights at a published shape, with the bundled
+        model's tokenizer (the SmolLM2 shapes share its vocabulary)."""
+        from ragspec.bench.step_speed import shape_model
+        from ragspec.decoding.engine import Generator
+        from ragspec.models.load import LoadedModel
+
+        bundled, _gen = self.generator(None, exact=False)
+        start = time.monotonic()
+        model = shape_model(name, bundled.device, dtype)
+        loaded = LoadedModel(model, bundled.tokenizer, f"random weights at {name}'s published "
+                             f"shape", bundled.device, dtype, time.monotonic() - start,
+                             weights=str(dtype).replace("torch.", ""))
+        return loaded, Generator.from_loaded(loaded)
 
     def store(self, name: str, corpus: Path):
         """The set's passage index (ingested once, with the bundled embedder)."""
@@ -132,6 +170,8 @@ class Check:
                 sets: tuple[str, ...] = ("data", "data/bench")) -> list:
         """ragspec.bench.runner.Prepared prompts of the bundled sets (`limit` questions per set), built by
         the real pipeline with this model's tokenizer."""
+        if spec is not None and spec.startswith(SHAPE):
+            spec = None  # the bundled tokenizer's prompts
         key = (spec, limit, sets)
         if key not in self._prompts and spec is None and self.saved_prompts is not None:
             self._prompts[key] = prompts_from_file(self.saved_prompts, generator, limit, sets)
@@ -279,13 +319,14 @@ def section_divergence(check: Check) -> dict:
     loaded, gen = check.generator(None, exact=False)
     prompts = check.prompts(None, gen, check.limits["prompts"])
     n = check.limits["new_tokens"]
-    rows = []
+    rows, step = [], None
     for item in prompts:
         if check.out_of_time():
             break
         hf = hf_greedy(gen, item.prompt_ids, n)
         off = engine_ids(gen, item.prompt_ids, n, DraftConfig(enabled=False))
         on = engine_ids(gen, item.prompt_ids, n, DraftConfig())
+        step = gen.fixed_step()[1]
         rows.append({"question": item.question.id, "vs_generate_at": _first_difference(on, hf),
                      "vs_no_speculation_at": _first_difference(on, off),
                      "no_speculation_vs_generate_at": _first_difference(off, hf)})
@@ -293,7 +334,7 @@ def section_divergence(check: Check) -> dict:
     def rate(key):
         return sum(r[key] is not None for r in rows) / len(rows) if rows else None
 
-    return {"model": loaded.name, "dtype": str(loaded.dtype), "new_tokens": n,
+    return {"model": loaded.name, "dtype": str(loaded.dtype), "step": step, "new_tokens": n,
             "prompts": len(rows), "of_prompts": len(prompts),
             "rate_vs_generate": rate("vs_generate_at"),
             "rate_vs_no_speculation": rate("vs_no_speculation_at"),
@@ -303,19 +344,23 @@ def section_divergence(check: Check) -> dict:
 
 
 SPEEDUP_BASE = {"greedy": "greedy", "ragspec": "greedy", "oracle": "greedy",
-                "hf_greedy": "greedy", "hf_pld": "hf_greedy"}
+                "hf_greedy": "greedy", "hf_pld": "hf_greedy", "hf_static": "hf_greedy"}
 
 
 def speed_table(check: Check, spec: str | None) -> dict:
     """Every method on every prompt (after one warm-up run each): median tokens/s, speedups."""
     from ragspec.bench.runner import METHODS, Runner
+    from ragspec.decoding.types import RepeatConfig
     from ragspec.loading import describe_device
 
+    methods = (*METHODS, "hf_static")
     loaded, gen = check.generator(spec, exact=False)
     prompts = check.prompts(spec, gen, check.limits["speed_prompts"])
-    n, runner = check.limits["new_tokens"], Runner(gen)
-    tps: dict[str, list[float]] = {m: [] for m in METHODS}
-    speedups: dict[str, list[float]] = {m: [] for m in METHODS}
+    shape = spec is not None and spec.startswith(SHAPE)  # random weights repeat: no stop rule
+    n, runner = check.limits["new_tokens"], Runner(gen, repeat=RepeatConfig() if shape else None)
+    tps: dict[str, list[float]] = {m: [] for m in methods}
+    per_token: dict[str, list[float]] = {m: [] for m in methods}
+    speedups: dict[str, list[float]] = {m: [] for m in methods}
     for i, item in enumerate(prompts):
         if check.out_of_time():
             break
@@ -323,22 +368,26 @@ def speed_table(check: Check, spec: str | None) -> dict:
         for _round in range(2 if i == 0 else 1):  # the first prompt once untimed: warm-up
             runs["greedy"] = runner.run("greedy", item.prompt_ids, n, sources=item.sources)
             ref = runs["greedy"].token_ids
-            for method in METHODS:
+            for method in methods:
                 if method != "greedy":
                     runs[method] = runner.run(method, item.prompt_ids, n, sources=item.sources,
                                               reference=ref)
         rate = {m: r.new_tokens / r.seconds for m, r in runs.items() if r.seconds > 0}
-        for m in METHODS:
+        for m, r in runs.items():
+            if r.new_tokens > 1:
+                per_token[m].append(1000 * (r.seconds - r.ttft_seconds) / (r.new_tokens - 1))
+        for m in methods:
             tps[m].append(rate.get(m, 0.0))
             base = rate.get(SPEEDUP_BASE[m])
             if base:
                 speedups[m].append(rate.get(m, 0.0) / base)
     return {"model": loaded.name, "device": describe_device(loaded), "new_tokens": n,
-            "prompts": len(tps["greedy"]), "of_prompts": len(prompts),
+            "step": gen.fixed_step()[1], "prompts": len(tps["greedy"]), "of_prompts": len(prompts),
             "methods": {m: {"median_tokens_per_s": _median(tps[m]),
+                            "median_ms_per_token": _median(per_token[m]),
                             "median_speedup": _median(speedups[m]),
                             "min_speedup": min(speedups[m]) if speedups[m] else None}
-                        for m in METHODS}}
+                        for m in methods}}
 
 
 def _median(values):
@@ -371,11 +420,12 @@ def cached_instruct_models(limit: int) -> list[str]:
 
 
 def section_speed(check: Check) -> dict:
-    models = [None, *(check.models if check.models is not None
-                      else cached_instruct_models(check.limits["extra_models"]))]
+    models = [None, SHAPE + check.limits["shape"],
+              *(check.models if check.models is not None
+                else cached_instruct_models(check.limits["extra_models"]))]
     table = {}
     for spec in models:
-        name = spec or "bundled"
+        name = "bundled" if spec is None else spec.replace(SHAPE, "random ")
         if check.out_of_time():
             table[name] = {"skipped": "out of time budget"}
             continue
@@ -398,15 +448,56 @@ def section_sampling(check: Check) -> dict:
             "in_vocabulary": all(0 <= t < vocab for t in first.token_ids)}
 
 
-def section_faiss(check: Check) -> dict:
-    import numpy as np
+def section_steps(check: Check) -> dict:
+    """ms per step of 1 and 17 rows on each path, at a context as long as a real-document
+    prompt's (so the static cache is the size the generations used, whose compiled step
+    inductor's cache then gives back), for the bundled model and the random shape."""
+    from ragspec.bench.step_speed import step_times
 
+    out = {}
+    for spec in (None, SHAPE + check.limits["shape"]):
+        loaded, gen = check.generator(spec, exact=False)
+        vocab = loaded.model.config.vocab_size
+        length = min(check.limits["step_context"], gen.context_length // 2)
+        prompt = [(7 * i + 11) % vocab for i in range(length)]
+        times = step_times(loaded.model, prompt, paths=check.limits["step_paths"],
+                           repeats=check.limits["step_repeats"])
+        out["bundled" if spec is None else "random " + check.limits["shape"]] = {
+            "model": loaded.name, "dtype": str(loaded.dtype), **times}
+    return out
+
+
+def faiss_gpu_problem() -> str | None:
+    """Why this machine's faiss cannot build a GPU index (None: it can): which package is
+    missing, and how requirements-gpu.txt's swap installs it."""
+    import importlib.metadata
+
+    pin = next((line.strip() for line in (REPO / "requirements-gpu.txt").read_text().splitlines()
+                if line.startswith("faiss-gpu")), "faiss-gpu")
+    swap = (f"`pip uninstall -y faiss-cpu && pip install {pin}` (requirements-gpu.txt's pin; "
+            f"docs/install.md)")
     try:
         import faiss
     except ImportError as exc:
-        return {"skipped": f"faiss is not installed here ({exc})"}
-    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
-        return {"skipped": "faiss has no GPU support here (faiss-cpu build or no GPU)"}
+        return f"no faiss module ({exc}): install {pin} with {swap}"
+    installed = sorted(f"{d.metadata['Name']} {d.version}" for d in importlib.metadata.distributions()
+                       if (d.metadata["Name"] or "").lower().startswith("faiss"))
+    if not hasattr(faiss, "StandardGpuResources"):
+        return (f"the faiss module here is a CPU-only build ({', '.join(installed) or 'faiss'}): "
+                f"{pin} is missing; swap it in with {swap}")
+    if faiss.get_num_gpus() < 1:
+        return f"{', '.join(installed)} has GPU support but sees no GPU (faiss.get_num_gpus() = 0)"
+    return None
+
+
+def section_faiss(check: Check) -> dict:
+    import numpy as np
+
+    problem = faiss_gpu_problem()
+    if problem is not None:
+        return {"skipped": problem}
+    import faiss
+
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((20000, 384)).astype("float32")
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -439,6 +530,7 @@ def run_section(fn) -> dict:
 SECTIONS = {"environment": (section_environment, None),
             "identity_exact": (section_identity_exact, 0.25),
             "divergence": (section_divergence, 0.3),
+            "steps": (section_steps, 0.15),
             "sampling": (section_sampling, None), "faiss": (section_faiss, None),
             "speed": (section_speed, None)}
 

@@ -13,6 +13,8 @@ Methods (all greedy, all capped at max_new_tokens):
                weights: a second, stock model object), transformers' own attention (sdpa) and
                cache;
     hf_pld     the same with prompt_lookup_num_tokens=10: transformers' own prompt lookup;
+    hf_static  (ragspec.bench.gpu_check only) the same with transformers' static cache, which
+               transformers compiles with torch.compile on CUDA;
     oracle     the engine drafting the true greedy continuation (greedy's output), max_draft at a
                time: the ceiling for any drafter on this machine;
     llamacpp, llamacpp_pld  llama.cpp on the same GGUF file when llama_cpp is installed
@@ -197,6 +199,8 @@ class Runner:
         if method == "hf_pld":
             return self._hf(prompt_ids, max_new_tokens,
                             {"prompt_lookup_num_tokens": self.pld_tokens})
+        if method == "hf_static":  # not in METHODS: gpu_check's (auto-compiled on CUDA)
+            return self._hf(prompt_ids, max_new_tokens, {"cache_implementation": "static"})
         if method in LLAMACPP_METHODS and self.anchors is not None:
             tokens, seconds, ttft = self.anchors.generate(method, prompt_ids, max_new_tokens,
                                                           self.gen.eos_token_ids,

@@ -27,6 +27,7 @@ import torch
 from ragspec.decoding import prefix_cache
 from ragspec.decoding.cache import crop_cache, new_cache
 from ragspec.decoding.calibrate import CostWatch
+from ragspec.decoding.fixed import step as fixed
 from ragspec.decoding.ngram import Match, NgramIndex, WordKeys
 from ragspec.decoding.packed import step_forward
 from ragspec.decoding.policy import DraftGovernor, DraftPolicy, DraftShadow, ForwardCost, StepPace
@@ -57,7 +58,7 @@ class Generator:
                  cost: ForwardCost | None = None,
                  recalibrate: Callable[[], ForwardCost | None] | None = None,
                  speculation_off_reason: str | None = None, provisional: bool = False,
-                 prompt_cache_bytes: int | None = None):
+                 prompt_cache_bytes: int | None = None, fixed_step: str | None = None):
         """cost: this machine's forward-cost curve (None: every forward costs the same).
         recalibrate: measures the curve again (None when the curve is not this machine's);
             due when live step times disagreed with `cost` at the end of two generations in a
@@ -70,7 +71,10 @@ class Generator:
         speculation_off_reason: set for models whose cache cannot be rolled back
             (ragspec.models.load): every stream then decodes without drafts.
         prompt_cache_bytes: the budget of the prompt cache every stream of this generator
-            shares (ragspec.decoding.prefix_cache; None: prefix_cache.budget_bytes, 0: off)."""
+            shares (ragspec.decoding.prefix_cache; None: prefix_cache.budget_bytes, 0: off).
+        fixed_step: "compiled", "eager" or "off": decode and verify on the fixed-shape step
+            (ragspec.decoding.fixed.step; None: RAGSPEC_FIXED_STEP, else compiled on CUDA and
+            off on a CPU). A model it cannot run keeps the module path, and the stats say why."""
         self.model = model
         self.speculation_off_reason = speculation_off_reason
         self.tokenizer = tokenizer
@@ -95,6 +99,8 @@ class Generator:
         self.word_keys = WordKeys(tokenizer.decode)  # the drafter's word variants
         self._prompt_cache_bytes = prompt_cache_bytes
         self._prefix: prefix_cache.PrefixCache | None = None  # made on the first prompt read
+        self._fixed_mode = fixed.mode(fixed_step, self.device)
+        self._fixed: fixed.FixedStep | None = None  # built on the first prompt read
 
     RETRY_SECONDS = 300.0  # a busy machine is not measured again sooner (each try costs CPU)
     retry_clock = staticmethod(time.monotonic)  # what RETRY_SECONDS is counted on
@@ -164,10 +170,24 @@ class Generator:
         cache, why = self.prompt_cache()
         return cache.stats().as_dict() if cache is not None else {"off": why}
 
+    def fixed_step(self) -> tuple[fixed.FixedStep | None, str]:
+        """The fixed-shape step decode and verify run on, or None; and how steps run (the
+        GenerationStats.step line: "modules", or why the asked-for fixed step is not used)."""
+        if self._fixed_mode == "off":
+            return None, "modules"
+        if self._fixed is None:
+            why = fixed.unsupported(self.model)
+            if why is not None:
+                return None, f"modules (the fixed step does not run {why})"
+            self._fixed = fixed.FixedStep(self.model, compiled=self._fixed_mode == "compiled")
+        return self._fixed, self._fixed.describe()
+
     def policy_for(self, config: GenerationConfig) -> DraftPolicy:
         key = config.draft
         if key not in self._policies:
-            self._policies[key] = DraftPolicy(key, self.cost or ForwardCost.flat(key.max_draft + 1),
+            # on the fixed step every forward has the same rows, whatever the draft: flat cost
+            cost = None if self.fixed_step()[0] is not None else self.cost
+            self._policies[key] = DraftPolicy(key, cost or ForwardCost.flat(key.max_draft + 1),
                                               self.pace)
         return self._policies[key]
 
@@ -270,6 +290,7 @@ class GenerationStream:
         # declined proposals, learnt from as the model writes on
         self._shadow = DraftShadow(self._policy) if self._policy is not None else None
         self._cache = None
+        self._fixed: fixed.FixedSequence | None = None  # decode on the fixed step when set
         self._prefix: prefix_cache.PrefixCache | None = None  # where its prompt is kept
         repeat = config.repeat
         self._guard = (RepetitionGuard(repeat.stop_ngram, repeat.stop_count)
@@ -330,7 +351,7 @@ class GenerationStream:
             logits = self._verify(draft)
             step = self._accept(logits, match, draft)
             seconds = time.perf_counter() - clock
-            if self._policy is not None:  # the step's cost, as calibrate measures it
+            if self._policy is not None and self._fixed is None:  # as calibrate measures it
                 self.gen.watch.observe(len(draft) + 1, seconds, context)
             if self._governor is not None:  # in measured time (policy.StepPace)
                 self._governor.record(len(draft), step.accepted, context, seconds)
@@ -340,6 +361,10 @@ class GenerationStream:
         start = self._reuse_prompt()
         logits = forward(self.gen.model, self.prompt_ids[start:], self._cache, logits_to_keep=1)
         self._keep_prompt()
+        step, self.stats.step = self.gen.fixed_step()
+        if step is not None:  # the prompt read filled the cache; the steps run on a static one
+            need = len(self.prompt_ids) + self.config.max_new_tokens
+            self._fixed, self._cache = step.sequence(self._cache, need), None
         logits = self._penalised(logits, [])
         return Step([next_token(logits[-1], self.config.sampling, self._uniforms)])
 
@@ -364,12 +389,14 @@ class GenerationStream:
         if not cfg.draft.enabled:
             return None, []
         remaining = cfg.max_new_tokens - self.stats.new_tokens
+        longest = cfg.draft.max_draft if self._fixed is None else min(
+            cfg.draft.max_draft, self._fixed.rows - 1)  # the fixed step's rows hold the rest
         if self.forced is not None:
-            tokens = list(self.forced[len(self.token_ids) : len(self.token_ids) + cfg.draft.max_draft])
+            tokens = list(self.forced[len(self.token_ids) : len(self.token_ids) + longest])
             match = Match(n=0, extended=0, origin=len(self._index), tokens=tokens)
             return match, tokens[: max(0, remaining - 1)]
         context = len(self._index) - 1
-        match = self._index.propose(cfg.draft.max_draft)
+        match = self._index.propose(longest)
         k = self._policy.choose(match, remaining, context) if self._policy else 0
         if self._governor is not None and k > 0:
             allowed = self._governor.limit(k, context)
@@ -384,8 +411,11 @@ class GenerationStream:
         """One forward over [last token, *draft]: logits (len(draft)+1, vocab). The cache held
         every token but the last. A step forward however long the draft: packed layers run
         their row-invariant kernels (ragspec.decoding.packed)."""
-        with step_forward():
-            logits = forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
+        if self._fixed is not None:
+            logits = self._fixed.step([self._index.tokens[-1], *draft])
+        else:
+            with step_forward():
+                logits = forward(self.gen.model, [self._index.tokens[-1], *draft], self._cache)
         return self._penalised(logits, draft)
 
     def _penalised(self, logits: torch.Tensor, draft: list[int]) -> torch.Tensor:
@@ -405,7 +435,10 @@ class GenerationStream:
             uniforms = self._uniforms.take(len(self.token_ids), len(draft) + 1)
             accepted, token = accept_sampled(logits, draft, sampling, uniforms)
         if accepted < len(draft):  # drop the rejected draft positions; keep the last token's
-            crop_cache(self._cache, len(self._index) + accepted)
+            if self._fixed is not None:
+                self._fixed.crop(len(self._index) + accepted)
+            else:
+                crop_cache(self._cache, len(self._index) + accepted)
         if self._policy is not None and draft:
             self._policy.observe(match, len(draft), accepted)
         self.stats.forward_passes += 1

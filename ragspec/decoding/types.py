@@ -93,7 +93,10 @@ class GenerationStats:
     a draft only). accepted_per_step lists, for every decode forward in order, the draft tokens
     it accepted (0 for a step with no draft or a rejected one). cached_prompt_tokens: prompt
     positions that came from the prompt cache instead of being read (ragspec.decoding.prefix_cache);
-    prompt_cache_off: why the prompt cache was not used ("" when it was).
+    prompt_cache_off: why the prompt cache was not used ("" when it was). step: how decode and
+    verify forwards ran: "modules" (transformers' modules, or the native step where the model
+    has it installed), "fixed (...)" (ragspec.decoding.fixed.step), or "modules (why the
+    fixed step asked for does not run)".
     seconds = prefill_seconds + decode_seconds. tokens_per_s is over the whole time;
     decode_tokens_per_s counts tokens after the first over the time after the first.
     """
@@ -111,6 +114,7 @@ class GenerationStats:
     stop_reason: str = ""
     cached_prompt_tokens: int = 0
     prompt_cache_off: str = ""
+    step: str = ""
 
     @property
     def seconds(self) -> float:
@@ -157,6 +161,7 @@ class GenerationStats:
             "stop_reason": self.stop_reason,
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "prompt_cache_off": self.prompt_cache_off,
+            "step": self.step,
         }
 
 
