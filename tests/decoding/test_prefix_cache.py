@@ -83,6 +83,18 @@ def _assert_same_cache(a, b, length: int) -> None:
         assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
 
 
+def _assert_reuse_is_one_read(model, pages, prompt, cached: int) -> None:
+    """Restoring `prompt` from `pages` gives `cached` positions, and reading the rest after them
+    leaves the logits and the cache bit for bit as one whole read of the prompt does."""
+    whole = new_cache(model)
+    want = _read(model, prompt, whole)
+    reused = new_cache(model)
+    start = pages.restore(prompt, reused)
+    assert start == cached
+    assert torch.equal(_read(model, prompt, reused, start), want)
+    _assert_same_cache(reused, whole, len(prompt))
+
+
 PRECISIONS = ["int8", "bf16", "fp32"]
 
 
@@ -258,13 +270,7 @@ def test_a_page_is_used_only_after_the_very_prefix_it_was_read_after(packed, mon
         cache = new_cache(packed)
         _read(packed, prompt, cache)
         pages.store(prompt, cache)
-    whole = new_cache(packed)
-    want = _read(packed, x, whole)
-    reused = new_cache(packed)
-    start = pages.restore(x, reused)
-    assert start == PAGE_TOKENS
-    assert torch.equal(_read(packed, x, reused, start), want)
-    _assert_same_cache(reused, whole, len(x))
+    _assert_reuse_is_one_read(packed, pages, x, PAGE_TOKENS)
 
 
 def test_a_page_dropped_while_a_prompt_is_stored_leaves_no_page_out_of_place(packed,
@@ -295,13 +301,7 @@ def test_a_page_dropped_while_a_prompt_is_stored_leaves_no_page_out_of_place(pac
     _read(packed, prompt, cache)
     pages.store(prompt, cache)
     monkeypatch.setattr(pages, "_chain", real)
-    whole = new_cache(packed)
-    want = _read(packed, prompt, whole)
-    reused = new_cache(packed)
-    start = pages.restore(prompt, reused)
-    assert start == PAGE_TOKENS
-    assert torch.equal(_read(packed, prompt, reused, start), want)
-    _assert_same_cache(reused, whole, len(prompt))
+    _assert_reuse_is_one_read(packed, pages, prompt, PAGE_TOKENS)
 
 
 def test_the_budget_comes_from_the_environment_or_the_machine(packed, monkeypatch):
