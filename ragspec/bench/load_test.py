@@ -95,8 +95,9 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout: float, where: str
 
 
 class Server:
-    def __init__(self, index: Path, port: int, args, log: Path):
+    def __init__(self, index: Path, port: int, args, log: Path, env: dict | None = None):
         self.index, self.port, self.args, self.log = index, port, args, log
+        self.env = env  # the server's environment (None: this process's)
         self.url = f"http://{HOST}:{port}"
         self.process: subprocess.Popen | None = None
 
@@ -110,7 +111,8 @@ class Server:
         if self.args.prefill_chunk:
             argv += ["--prefill-chunk", str(self.args.prefill_chunk)]
         with open(self.log, "a") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                            env=self.env)
         wait_healthy(self.url, self.process, timeout, f"see {self.log}")
 
     def health(self) -> dict:

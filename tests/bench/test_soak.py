@@ -1,7 +1,8 @@
 """ragspec/bench/soak.py end to end on a small scale: a real `ragspec serve` process over a tiny
-model folder, three clients for a quarter of a minute (streamed and whole answers, hang-ups,
-malformed requests) with one `ragspec ingest` beside them. It asserts the soak's own checks, never
-a count or a time: a slow machine makes fewer requests, not different ones."""
+model folder with two accounts, three clients for a quarter of a minute (streamed and whole
+answers, two-turn conversations, hang-ups, malformed requests, requests without a key) with one
+`ragspec ingest` beside them. It asserts the soak's own checks, never a count or a time the
+machine decides: a slow machine makes fewer requests, not different ones."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def test_a_short_soak_passes_every_check(tmp_path, tiny_tokenizer, monkeypatch):
     # seed 0 makes client 1's first action a streamed question: at least one answer, however
     # slow the machine
     assert report["answers_compared"] > 0 and report["ingests"]
+    # the server ran with accounts (keys were needed: the requests without one got 401s) and
+    # every conversation's two turns have a solo answer to be compared with
+    assert report["users"] == 2 and report["by_kind"]["bad_key"] >= 2
+    assert report["sessions"] == 4 and report["solo_answers"] == 2 + 2 * 4
 
 
 def test_rss_summary_gives_the_growth_after_warm_up_and_its_slope():
