@@ -62,6 +62,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from benchmarks import record
+
 REPO = Path(__file__).resolve().parent.parent
 DOC_ROOTS = (Path("/usr/share/doc"), Path("/usr/share/man"))
 WORDS_PER_PASSAGE = 150
@@ -328,7 +330,7 @@ def keywords(texts_path, sizes, impls, baseline_ref, repeats, json_out, child) -
                                       "--child", f"{impl}:{n}"]))
             click.echo(json.dumps(results[-1]))
     if json_out:
-        json_out.write_text(json.dumps(results, indent=2) + "\n")
+        save(json_out, results)
 
 
 def _in_child(args: list[str], code: Path = REPO) -> dict:
@@ -536,7 +538,7 @@ def search(texts_path, sizes, names, repeats, json_out, keep, child) -> None:
                                       *(["--keep", str(keep)] if keep is not None else [])]))
             click.echo(json.dumps(results[-1]))
     if json_out:
-        json_out.write_text(json.dumps(results, indent=2) + "\n")
+        save(json_out, results)
 
 
 def _kept_milvus(command):
@@ -622,7 +624,7 @@ def retime(texts_path, where, n, repeats, json_out) -> None:
     store.close()
     click.echo(json.dumps(out))
     if json_out:
-        json_out.write_text(json.dumps(out, indent=2) + "\n")
+        save(json_out, out)
 
 
 def _dense_child(texts_path: Path, n: int, repeats: int) -> dict:
@@ -675,7 +677,7 @@ def dense(texts_path, n, repeats, json_out) -> None:
     result = _dense_child(texts_path, n, repeats)
     click.echo(json.dumps(result))
     if json_out:
-        json_out.write_text(json.dumps([result], indent=2) + "\n")
+        save(json_out, [result])
 
 
 def _hybrid_child(texts_path: Path, n: int, repeats: int, shares: list[float],
@@ -795,7 +797,7 @@ def hybrid(texts_path, n, repeats, shares, keywords_file, json_out) -> None:
                            keywords_file)
     click.echo(json.dumps(result))
     if json_out:
-        json_out.write_text(json.dumps([result], indent=2) + "\n")
+        save(json_out, [result])
 
 
 # -- ingest alone ------------------------------------------------------------------------------
@@ -925,14 +927,29 @@ def ingest(texts_path, sizes, code, json_out, child) -> None:
                 ["ingest", "--texts", str(texts_path), "--child", str(n)], where)})
             click.echo(json.dumps(results[-1]))
     if json_out:
-        json_out.write_text(json.dumps(results, indent=2) + "\n")
+        save(json_out, results)
+
+
+def save(json_out: Path, rows: list | dict) -> None:
+    """Append `rows` as one run of the results file `json_out` (benchmarks/record.py: the
+    command, commit and machine beside them)."""
+    record.add_run(json_out, {"rows": rows})
+
+
+def saved_rows(path: Path) -> list:
+    """The rows of a file `save` wrote (every run's), or of an older plain JSON list."""
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "runs" in data:
+        rows = [run["result"]["rows"] for run in data["runs"]]
+        return [r for rs in rows for r in (rs if isinstance(rs, list) else [rs])]
+    return data
 
 
 @main.command()
 @click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def table(files) -> None:
     """Markdown tables from the JSON files `search` and `keywords` wrote."""
-    rows = [r for f in files for r in json.loads(f.read_text())]
+    rows = [r for f in files for r in saved_rows(f)]
     stores = sorted((r for r in rows if "backend" in r),
                     key=lambda r: (r["passages"], r["backend"]))
 

@@ -10,8 +10,14 @@ of this process after each stage (ru_maxrss). --backend picks the embedder's for
 script once per backend for a before/after with each one's own peak memory. Wall and CPU
 seconds are both given, and the load average before and after.
 
+--whole fp32,bf16 then ingests the built PDF whole, `ragspec ingest` into a fresh index (and a
+fresh RAGSPEC_HOME), once per embedder precision (RAGSPEC_EMBEDDER_DTYPE), each in a child
+process: its wall seconds, pages per second, CPU seconds (user + system, from os.wait4) and
+peak resident memory, as `/usr/bin/time -v` would give them. --out appends the whole run to a
+results file (benchmarks/record.py).
+
     python benchmarks/pdf_scale.py A.pdf B.pdf ... [--pages 2000] [--embed 512] [--keep OUT.pdf]
-        [--backend torch|onnx|auto]
+        [--backend torch|onnx|auto] [--whole fp32,bf16] [--out docs/results/NAME.json]
 """
 
 from __future__ import annotations
@@ -19,9 +25,17 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import resource
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+from benchmarks import record
+
+INGEST = "import sys; from ragspec.cli import main; sys.argv[0] = 'ragspec'; main()"
 
 
 def build(sources: list[str], pages: int) -> bytes:
@@ -48,6 +62,25 @@ def loadavg() -> list[str]:
     return open("/proc/loadavg").read().split()[:3]
 
 
+def whole_ingest(data: bytes, pages: int, dtype: str) -> dict:
+    """`ragspec ingest` of the PDF `data` into a fresh index with the embedder in `dtype`, in a
+    child process: wall and CPU seconds, pages per second, the child's peak RSS."""
+    with tempfile.TemporaryDirectory(prefix="pdf-scale-") as scratch:
+        pdf = Path(scratch) / "large.pdf"
+        pdf.write_bytes(data)
+        env = {**os.environ, "RAGSPEC_EMBEDDER_DTYPE": dtype, "RAGSPEC_HOME": f"{scratch}/home"}
+        start = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "-c", INGEST, "ingest", str(pdf), "--index",
+                                  f"{scratch}/index"], env=env, stdout=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"ragspec ingest ({dtype}) failed: status {status}")
+    return {"dtype": dtype, "wall_s": round(wall, 1), "pages_per_s": round(pages / wall, 2),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024), "loadavg_after": loadavg()}
+
+
 def main(argv=None) -> int:
     from ragspec.retrieval.embeddings.embedder import Embedder
     from ragspec.retrieval.ingest import embed_in_order
@@ -60,6 +93,10 @@ def main(argv=None) -> int:
     ap.add_argument("--embed", type=int, default=512)
     ap.add_argument("--keep")
     ap.add_argument("--backend", choices=["torch", "onnx", "auto"], default="auto")
+    ap.add_argument("--whole", default="",
+                    help="comma-separated embedder precisions (fp32,bf16) to ingest the PDF "
+                         "whole with, one child process each")
+    record.out_option(ap)
     args = ap.parse_args(argv)
     data = build(args.pdfs, args.pages)
     if args.keep:
@@ -91,7 +128,12 @@ def main(argv=None) -> int:
     out["share"] = {k: round(out[k] / total, 3)
                     for k in ("extract_s", "split_s", "embed_all_s_extrapolated")}
     out["loadavg_after"] = loadavg()
-    print(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1), flush=True)
+    out["whole_ingest"] = []
+    for dtype in filter(None, args.whole.split(",")):
+        out["whole_ingest"].append(whole_ingest(data, args.pages, dtype))
+        print(json.dumps(out["whole_ingest"][-1]), flush=True)
+    record.add_run(args.out, out)
     return 0
 
 

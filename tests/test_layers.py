@@ -13,6 +13,9 @@ a lazy import cannot hide a dependency:
   * no two modules import each other (a pair that does is one module in two files);
   * nothing in ragspec imports the repository's benchmarks/, scripts/ or tests/, and no test
     imports a benchmark script (what both need is a module of the package);
+  * the benchmarks import from tests/ only its helpers, tests/support/, and by their full name
+    (`from tests.support.format_fakes import ...`, never a bare `format_fakes` put on sys.path),
+    so the arrows stay benchmarks -> tests/support -> ragspec and a test module is never one;
   * no package folder holds more than MAX_MODULES modules (a folder names one job).
 """
 
@@ -249,6 +252,49 @@ def test_no_test_imports_a_benchmark_script():
 def test_a_test_that_imports_a_benchmark_script_is_caught(tmp_path):
     (tmp_path / "test_x.py").write_text("def test_x():\n    from benchmarks import replay\n")
     assert script_imports(tmp_path) == ["test_x.py:2 imports benchmarks"]
+
+
+BENCHMARKS = TESTS.parent / "benchmarks"
+
+
+def benchmark_test_imports(root: Path = BENCHMARKS, tests: Path = TESTS) -> list[str]:
+    """One line per import of the test suite by a benchmark that is not of tests/support/ by
+    its full name: a test module, or a helper imported bare off a sys.path entry."""
+    helpers = {p.stem for p in (tests / "support").glob("*.py")}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "tests" and parts[1:2] != ["support"]:
+                    why = "only tests/support/ is for benchmarks"
+                elif parts[0] in helpers:
+                    why = f"import it as tests.support.{parts[0]}"
+                else:
+                    continue
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} imports {name} ({why})")
+    return found
+
+
+def test_benchmarks_import_only_the_tests_helpers_by_their_full_name():
+    assert benchmark_test_imports() == []
+
+
+@pytest.mark.parametrize("source, reason", [
+    ("from format_fakes import pptx_bytes", "import it as tests.support.format_fakes"),
+    ("import fakes", "import it as tests.support.fakes"),
+    ("from tests.retrieval import test_loaders_formats", "only tests/support/"),
+    ("import tests.conftest", "only tests/support/"),
+])
+def test_a_benchmark_importing_a_test_or_a_bare_helper_is_caught(tmp_path, source, reason):
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "x.py").write_text(
+        f"from tests.support.format_fakes import xlsx_bytes\ndef main():\n    {source}\n")
+    found = benchmark_test_imports(tmp_path / "benchmarks")
+    assert len(found) == 1 and "benchmarks/x.py:3" in found[0] and reason in found[0], found
 
 
 def crowded(root: Path = PACKAGE) -> list[str]:
