@@ -165,13 +165,23 @@ def show_sources(spans, passages, scores, href=None) -> None:
                         unsafe_allow_html=True)
 
 
+def _minutes(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole} s" if whole < 60 else f"{whole // 60} min {whole % 60:02d} s"
+
+
 def _waiting_text(snap: dict) -> str:
     phase, ahead = snap["phase"], snap["ahead"]
     if phase == "waiting":
         return f":material/hourglass_top: Waiting for {ahead} answer{'s' if ahead != 1 else ''} ahead"
     if phase == "loading" and not snap["model_loaded"]:
-        first = " (its first start converts it, ~30 s)" if snap["bundled"] else ""
-        return f"Loading the model {md(snap['model'])}{first}..."
+        # A first start builds the CPU kernels and converts the model once: a minute or two on
+        # an idle 2-core machine, several times that on a busy one, so the wait counts up.
+        first = (" (its first start on this machine builds the CPU kernels and converts it, "
+                 "once: minutes, longer on a busy machine)") if snap["bundled"] else ""
+        waited = snap.get("loading_s")
+        so_far = "" if waited is None else f" {_minutes(waited)} so far"
+        return f"Loading the model {md(snap['model'])}{first}...{so_far}"
     if phase in ("loading", "retrieving"):
         return "Finding passages..."
     return "Waiting for the first token..."

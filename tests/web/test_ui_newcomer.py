@@ -92,3 +92,40 @@ def test_no_string_the_page_can_show_holds_an_emoji():
     for ok in ((1, 2), (1, 3)):
         for greedy in (True, False):
             assert not emoji(describe.identical_verdict([1, 2], list(ok), greedy)[1])
+
+
+def test_a_first_model_load_shows_that_it_moves(tmp_path, monkeypatch):
+    """A first start builds kernels and converts the model: minutes on a busy machine. While the
+    load runs, the answer's line says for how long it has run ("... so far"), refreshed by the
+    live fragment, instead of a fixed estimate that a busy machine outlives."""
+    import threading
+
+    from ragspec import loading
+    from ragspec.web.answering import ACTIVE
+
+    folder = ui.tiny_model_folder(tmp_path / "tiny")
+    ui.fast_page(monkeypatch, tmp_path / "home", models=[["tiny", str(folder)]],
+                 model_cache=tmp_path / "cache")
+    release, real_load = threading.Event(), loading.load_generator
+
+    def slow_load(*args, **kwargs):
+        assert release.wait(120), "the test never released the load"
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_generator", slow_load)
+    at = ui.new_session()
+    at.file_uploader[0].set_value(("metrics.md", ui.METRICS_DOC, "text/markdown"))
+    at.run()
+    at.number_input(key="max_new_tokens").set_value(4)
+    try:
+        at.chat_input[0].set_value("Which port does the metrics endpoint use?").run()
+        ui.wait_for(lambda: any(job.models.loading_seconds("tiny") is not None
+                                for job in list(ACTIVE._jobs.values())),
+                    what="the model's load to begin")
+        at.run()
+        shown = [html.unescape(t) for t in ui.texts(at.main.info) if "Loading the model" in t]
+        assert shown and "so far" in shown[0], ui.texts(at.main.info)
+    finally:
+        release.set()
+    ui.settle(at, timeout=900)  # the real load now: a fresh model cache builds its kernels
+    assert ui.saved_chat(at)["messages"][-1]["runs"]
