@@ -236,18 +236,42 @@ def sidebar_chats(chats: ChatStore, current: str | None, who: policy.Principal) 
             st.rerun()
         if right.button("", icon=":material/close:", key=f"delete-chat-{c.id}",
                         help=f"Delete the chat “{label}”"):
-            try:
-                chats.delete(c.id)  # refused for a chat this user may not see
-            except ChatError as exc:
-                st.error(md(public_message(exc, "Deleting the chat")))
-                return
-            job = ACTIVE.get(c.id)
-            if job is not None:
-                job.stop()
-            audit.record("chat-delete", who.label, chat=c.id)
-            if c.id == current:
-                st.query_params.clear()
-            st.rerun()
+            st.session_state[_CONFIRM_DELETE_CHAT] = c.id  # asked, not done: see below
+        if st.session_state.get(_CONFIRM_DELETE_CHAT) == c.id:
+            _confirm_delete_chat(chats, c, label, current, who)
+
+
+# The chat whose deletion waits for its confirmation (one at a time, per browser session).
+_CONFIRM_DELETE_CHAT = "confirm_delete_chat"
+
+
+def _confirm_delete_chat(chats: ChatStore, c, label: str, current: str | None,
+                         who: policy.Principal) -> None:
+    """The question under a chat whose close button was clicked: a deleted chat cannot be
+    brought back, and its button sits beside the one that opens it, so deleting takes a
+    second, explicit click (as removing a document does)."""
+    st.warning(md(f"Delete the chat “{c.title}”? It cannot be brought back."),
+               icon=":material/delete:")
+    yes, no = st.columns(2)
+    if no.button("Cancel", key=f"cancel-delete-chat-{c.id}", use_container_width=True):
+        st.session_state.pop(_CONFIRM_DELETE_CHAT, None)
+        st.rerun()
+    if not yes.button("Delete", key=f"confirm-delete-chat-{c.id}", type="primary",
+                      use_container_width=True):
+        return
+    st.session_state.pop(_CONFIRM_DELETE_CHAT, None)
+    try:
+        chats.delete(c.id)  # refused for a chat this user may not see
+    except ChatError as exc:
+        st.error(md(public_message(exc, "Deleting the chat")))
+        return
+    job = ACTIVE.get(c.id)
+    if job is not None:
+        job.stop()
+    audit.record("chat-delete", who.label, chat=c.id)
+    if c.id == current:
+        st.query_params.clear()
+    st.rerun()
 
 
 def choose_collection(who: policy.Principal) -> str:

@@ -129,3 +129,32 @@ def test_a_first_model_load_shows_that_it_moves(tmp_path, monkeypatch):
         release.set()
     ui.settle(at, timeout=900)  # the real load now: a fresh model cache builds its kernels
     assert ui.saved_chat(at)["messages"][-1]["runs"]
+
+
+def test_deleting_a_chat_asks_first_and_can_be_cancelled(tmp_path, monkeypatch):
+    """Found in the walk-through: a chat's close button (the same icon as a document's, which
+    asks) deleted the chat at once, with no way back; now it asks too."""
+    from ragspec.web.chats import ChatStore
+
+    ui.fast_page(monkeypatch, tmp_path / "home")
+    store = ChatStore(tmp_path / "home" / "chats")
+    chat = store.create("Which port does the metrics endpoint use?")
+    at = ui.new_session()
+    at.query_params["chat"] = chat["id"]
+    at.run()
+
+    button(at, "delete-chat-").click().run()  # one click: asked, nothing deleted
+    assert not at.exception, at.exception
+    assert store.load(chat["id"]) and button(at, "confirm-delete-chat-") is not None
+    assert any("Delete the chat" in html.unescape(t) and "cannot be brought back" in t
+               for t in ui.texts(at.sidebar.warning))
+
+    button(at, "cancel-delete-chat-").click().run()
+    assert store.load(chat["id"]) and button(at, "confirm-delete-chat-") is None
+    assert not at.sidebar.warning and at.query_params["chat"] == chat["id"]
+
+    button(at, "delete-chat-").click().run()
+    button(at, "confirm-delete-chat-").click().run()
+    assert not at.exception, at.exception
+    assert button(at, "delete-chat-") is None and "chat" not in at.query_params
+    assert any("No saved chats yet" in t for t in ui.texts(at.sidebar.caption))
