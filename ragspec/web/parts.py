@@ -241,6 +241,20 @@ def sidebar_chats(chats: ChatStore, current: str | None, who: policy.Principal) 
             _confirm_delete_chat(chats, c, label, current, who)
 
 
+def _confirmed(question: str, action: str, key: str, pending: str) -> bool:
+    """The question, with `action` and Cancel under it (keys confirm-KEY and cancel-KEY); True
+    once `action` is clicked. Either click ends the question (session_state[pending])."""
+    st.warning(md(question), icon=":material/delete:")
+    yes, no = st.columns(2)
+    if no.button("Cancel", key=f"cancel-{key}", use_container_width=True):
+        st.session_state.pop(pending, None)
+        st.rerun()
+    if not yes.button(action, key=f"confirm-{key}", type="primary", use_container_width=True):
+        return False
+    st.session_state.pop(pending, None)
+    return True
+
+
 # The chat whose deletion waits for its confirmation (one at a time, per browser session).
 _CONFIRM_DELETE_CHAT = "confirm_delete_chat"
 
@@ -250,16 +264,9 @@ def _confirm_delete_chat(chats: ChatStore, c, label: str, current: str | None,
     """The question under a chat whose close button was clicked: a deleted chat cannot be
     brought back, and its button sits beside the one that opens it, so deleting takes a
     second, explicit click (as removing a document does)."""
-    st.warning(md(f"Delete the chat “{c.title}”? It cannot be brought back."),
-               icon=":material/delete:")
-    yes, no = st.columns(2)
-    if no.button("Cancel", key=f"cancel-delete-chat-{c.id}", use_container_width=True):
-        st.session_state.pop(_CONFIRM_DELETE_CHAT, None)
-        st.rerun()
-    if not yes.button("Delete", key=f"confirm-delete-chat-{c.id}", type="primary",
-                      use_container_width=True):
+    if not _confirmed(f"Delete the chat “{c.title}”? It cannot be brought back.", "Delete",
+                      f"delete-chat-{c.id}", _CONFIRM_DELETE_CHAT):
         return
-    st.session_state.pop(_CONFIRM_DELETE_CHAT, None)
     try:
         chats.delete(c.id)  # refused for a chat this user may not see
     except ChatError as exc:
@@ -336,17 +343,10 @@ def _confirm_remove(store, lock, upload_root: Path, who: policy.Principal, colle
     """The question under a document whose remove button was clicked: removing it deletes its passages
     from the index for everyone who searches this collection, and cannot be undone here (the
     file has to be uploaded again), so it takes a second, explicit click."""
-    st.warning(md(f"Remove {name} from the index? Its {doc.passages} passages are deleted for "
-                  f"everyone; to get them back, upload the file again."),
-               icon=":material/delete:")
-    yes, no = st.columns(2)
-    if no.button("Cancel", key=f"cancel-remove-{doc.doc_id}", use_container_width=True):
-        st.session_state.pop(_CONFIRM_REMOVE, None)
-        st.rerun()
-    if not yes.button("Remove", key=f"confirm-remove-{doc.doc_id}", type="primary",
-                      use_container_width=True):
+    if not _confirmed(f"Remove {name} from the index? Its {doc.passages} passages are deleted "
+                      f"for everyone; to get them back, upload the file again.", "Remove",
+                      f"remove-{doc.doc_id}", _CONFIRM_REMOVE):
         return
-    st.session_state.pop(_CONFIRM_REMOVE, None)
     try:
         policy.require_manage(who, collection)  # checked again where it happens
         uploads.remove_document(store, doc.doc_id, doc.source, upload_root, lock=lock)
