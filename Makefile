@@ -16,6 +16,7 @@ export TRANSFORMERS_OFFLINE := 1
 install: $(STAMP)
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	@echo "Installing the pinned packages into $(VENV) (about 3-5 minutes the first time, once; pip stays quiet meanwhile)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt

@@ -245,8 +245,9 @@ def search(query: tuple[str, ...], k: int, search_mode: str, index: str | None,
     and offset. In hybrid mode (the default) they are ordered by the fused ranking of
     similarity and keyword (BM25) ranks, so the similarities need not descend; a line above
     the passages says which order they are in. --json adds "fused" in hybrid mode: the
-    reciprocal-rank fusion score the passages are ordered by."""
-    store = open_store(index)
+    reciprocal-rank fusion score the passages are ordered by. An empty or missing index is a
+    failed input (exit 1), as for `ask`: a mistyped --index is not an empty result."""
+    store = open_store(index, require_documents=True)
     try:
         hits = store.search(" ".join(query), k=k, mode=search_mode)
     except RetrievalError as exc:
@@ -259,10 +260,6 @@ def search(query: tuple[str, ...], k: int, search_mode: str, index: str | None,
              "page": h.passage.page, "start": h.passage.start}
             for h in hits
         ], ensure_ascii=False, indent=2))
-        return
-    if not hits:
-        click.echo(f"The index in {printable(str(store.index_dir))} is empty; add files with "
-                   "`ragspec ingest PATH`.")
         return
     click.echo(_ORDER[search_mode])
     click.echo()

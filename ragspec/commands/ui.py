@@ -37,6 +37,12 @@ def streamlit_argv(port: int, host: str, max_file_bytes: int | None = None) -> l
         "--server.maxUploadSize", str(upload_limit_mb(max_file_bytes)),
         "--browser.gatherUsageStats", "false",
         "--server.fileWatcherType", "none",
+        # Streamlit runs a full gc.collect() after every script run, and the live answer's
+        # fragment reruns twice a second per open page: each collection walks the loaded
+        # model's objects holding the GIL, and the scheduler thread waits for it between its
+        # ops (measured: a chat's prompt read 3-4x slower than `ragspec serve`'s, 10-100x at
+        # load 8-15 on 2 cores). Python's own generational GC still runs.
+        "--runner.postScriptGC", "false",
         "--client.toolbarMode", "minimal",
     ]
 

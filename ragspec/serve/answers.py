@@ -28,9 +28,10 @@ from pathlib import Path
 from ragspec.citations import Citer
 from ragspec.decoding.scheduler import QueueFull, Request, Scheduler, SchedulerClosed
 from ragspec.decoding.types import GenerationConfig, SourceRegion
+from ragspec.describe import passage_label
 from ragspec.models.load import chat_prompt_ids
 from ragspec.pipeline import NoDocumentsError, Pipeline, PipelineConfig, passages_to_dicts
-from ragspec.search import NOT_IN_DOCUMENTS, hits_to_dicts
+from ragspec.search import NOT_IN_DOCUMENTS, hits_to_dicts, refusal_reason
 from ragspec.serve.errors import APIError
 from ragspec.serve.requests import ChatRequest, CompletionRequest, _Generation
 
@@ -186,8 +187,13 @@ class Service:
     # -- answers ------------------------------------------------------------------------------
 
     @staticmethod
-    def refusal_text() -> str:
-        return NOT_IN_DOCUMENTS
+    def refusal_text(job: Job) -> str:
+        """A refusal as a client that shows only the message reads it: the sentence (which ends
+        "These are the closest passages found:"), then those passages by name and similarity
+        (their text and sources are in the `ragspec` object), then why it was refused."""
+        found = [f"{passage_label(i, h.passage)} (similarity {h.score:.2f})"
+                 for i, h in enumerate(job.refusal.hits)] or ["(none)"]
+        return "\n".join([NOT_IN_DOCUMENTS, *found, f"({refusal_reason(job.refusal)})"])
 
     def extension(self, job: Job, request: Request | None) -> dict:
         """The top-level `ragspec` object of an answer (see the module docstring)."""

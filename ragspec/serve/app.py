@@ -112,7 +112,7 @@ async def _parse(request: Request, model: type[BaseModel]):
 async def _answer(service: Service, kind: str, body, job: Job, request: Request):
     rid, created = responses.new_id(kind), responses.now()
     if job.refusal is not None:
-        text, generation = service.refusal_text(), None
+        text, generation = service.refusal_text(job), None
         if body.stream:
             return await _sse(_refusal_events(service, kind, rid, created, body, job, text))
         use = responses.usage(len(job.prompt_ids), 0)

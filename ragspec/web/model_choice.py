@@ -15,6 +15,9 @@ Contract:
     (default: the length of the list), dropping the least recently used one. When a load
     fails, the models dropped to make room for it are loaded again before the error is raised:
     a broken entry in the list cannot take a working model down.
+  * `loading_seconds(name)` says how long the load of `name` under way has taken (None when
+    none is), so a page waiting for a first start (kernels built, model converted: minutes on
+    a busy machine) can show that it moves.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -139,6 +143,7 @@ class ModelRegistry:
         self._specs = {c.name: c.spec for c in self.choices}
         self._loader = loader
         self._loaded: OrderedDict[str, tuple] = OrderedDict()
+        self._loading_since: dict[str, float] = {}  # name -> time.monotonic() its load began
         self._lock = threading.Lock()
 
     @property
@@ -152,6 +157,11 @@ class ModelRegistry:
 
     def is_loaded(self, name: str) -> bool:
         return name in self._loaded
+
+    def loading_seconds(self, name: str) -> float | None:
+        """Seconds the load of `name` under way has taken; None when it is not being loaded."""
+        since = self._loading_since.get(name)
+        return None if since is None else max(0.0, time.monotonic() - since)
 
     def is_bundled(self, name: str) -> bool:
         return self._specs.get(name) == BUNDLED_SPEC
@@ -171,11 +181,14 @@ class ModelRegistry:
                 gone, _ = self._loaded.popitem(last=False)
                 dropped.append(gone)
                 logger.info("unloading model %s to make room", gone)
+            self._loading_since[name] = time.monotonic()
             try:
                 self._loaded[name] = self._loader(self._specs[name])
             except BaseException:
                 self._restore(dropped)
                 raise
+            finally:
+                self._loading_since.pop(name, None)
             return self._loaded[name]
 
     def _restore(self, names: list[str]) -> None:

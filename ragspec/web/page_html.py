@@ -81,6 +81,18 @@ def _mark(inner: str, title: str, kind: str = "draft") -> str:
             f'title="{escape_text(title)}">{inner}</mark>')
 
 
+_LINE_BREAKS = re.compile(r"(\s*\n\s*)")
+
+
+def _mark_lines(text: str, title: str, kind: str) -> str:
+    """`text` marked as _mark does, line by line: the line breaks (and the blank space around
+    them) stay outside the marks, so a draft that runs over a blank line shows no highlighted
+    sliver on the empty line, which reads as a whitespace source."""
+    pieces = _LINE_BREAKS.split(text)
+    return "".join(escape_text(piece) if i % 2 else _mark(escape_text(piece), title, kind)
+                   for i, piece in enumerate(pieces) if piece)
+
+
 def quote_title(span, passages: Sequence = ()) -> str:
     """The hover text of a quoted span: which passage holds it word for word."""
     o = span.origin
@@ -120,15 +132,15 @@ def spans_html(spans: Iterable, passages: Sequence = (),
             continue
         source = draft_source(span)
         if source is not None:
-            inner = _mark(inner, span_title(span, passages),
-                          "draft" if source == PASSAGE else "echo")
+            inner = _mark_lines(span.text, span_title(span, passages),
+                                "draft" if source == PASSAGE else "echo")
             o = span.origin
             if (href is not None and source == PASSAGE and isinstance(o.source, int)
                     and 0 <= o.source < len(passages)):
                 inner = (f'<a class="rs-open" href="{escape_text(href(o.source))}" '
                          f'target="_self">{inner}</a>')
         elif getattr(span, "quoted", False):
-            inner = _mark(inner, quote_title(span, passages), "quote")
+            inner = _mark_lines(span.text, quote_title(span, passages), "quote")
         out.append(inner)
     return f'<div class="rs-answer">{"".join(out)}</div>'
 

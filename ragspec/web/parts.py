@@ -165,13 +165,23 @@ def show_sources(spans, passages, scores, href=None) -> None:
                         unsafe_allow_html=True)
 
 
+def _minutes(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole} s" if whole < 60 else f"{whole // 60} min {whole % 60:02d} s"
+
+
 def _waiting_text(snap: dict) -> str:
     phase, ahead = snap["phase"], snap["ahead"]
     if phase == "waiting":
         return f":material/hourglass_top: Waiting for {ahead} answer{'s' if ahead != 1 else ''} ahead"
     if phase == "loading" and not snap["model_loaded"]:
-        first = " (its first start converts it, ~30 s)" if snap["bundled"] else ""
-        return f"Loading the model {md(snap['model'])}{first}..."
+        # A first start builds the CPU kernels and converts the model once: a minute or two on
+        # an idle 2-core machine, several times that on a busy one, so the wait counts up.
+        first = (" (its first start on this machine builds the CPU kernels and converts it, "
+                 "once: minutes, longer on a busy machine)") if snap["bundled"] else ""
+        waited = snap.get("loading_s")
+        so_far = "" if waited is None else f" {_minutes(waited)} so far"
+        return f"Loading the model {md(snap['model'])}{first}...{so_far}"
     if phase in ("loading", "retrieving"):
         return "Finding passages..."
     return "Waiting for the first token..."
@@ -226,18 +236,49 @@ def sidebar_chats(chats: ChatStore, current: str | None, who: policy.Principal) 
             st.rerun()
         if right.button("", icon=":material/close:", key=f"delete-chat-{c.id}",
                         help=f"Delete the chat “{label}”"):
-            try:
-                chats.delete(c.id)  # refused for a chat this user may not see
-            except ChatError as exc:
-                st.error(md(public_message(exc, "Deleting the chat")))
-                return
-            job = ACTIVE.get(c.id)
-            if job is not None:
-                job.stop()
-            audit.record("chat-delete", who.label, chat=c.id)
-            if c.id == current:
-                st.query_params.clear()
-            st.rerun()
+            st.session_state[_CONFIRM_DELETE_CHAT] = c.id  # asked, not done: see below
+        if st.session_state.get(_CONFIRM_DELETE_CHAT) == c.id:
+            _confirm_delete_chat(chats, c, label, current, who)
+
+
+def _confirmed(question: str, action: str, key: str, pending: str) -> bool:
+    """The question, with `action` and Cancel under it (keys confirm-KEY and cancel-KEY); True
+    once `action` is clicked. Either click ends the question (session_state[pending])."""
+    st.warning(md(question), icon=":material/delete:")
+    yes, no = st.columns(2)
+    if no.button("Cancel", key=f"cancel-{key}", use_container_width=True):
+        st.session_state.pop(pending, None)
+        st.rerun()
+    if not yes.button(action, key=f"confirm-{key}", type="primary", use_container_width=True):
+        return False
+    st.session_state.pop(pending, None)
+    return True
+
+
+# The chat whose deletion waits for its confirmation (one at a time, per browser session).
+_CONFIRM_DELETE_CHAT = "confirm_delete_chat"
+
+
+def _confirm_delete_chat(chats: ChatStore, c, label: str, current: str | None,
+                         who: policy.Principal) -> None:
+    """The question under a chat whose close button was clicked: a deleted chat cannot be
+    brought back, and its button sits beside the one that opens it, so deleting takes a
+    second, explicit click (as removing a document does)."""
+    if not _confirmed(f"Delete the chat “{c.title}”? It cannot be brought back.", "Delete",
+                      f"delete-chat-{c.id}", _CONFIRM_DELETE_CHAT):
+        return
+    try:
+        chats.delete(c.id)  # refused for a chat this user may not see
+    except ChatError as exc:
+        st.error(md(public_message(exc, "Deleting the chat")))
+        return
+    job = ACTIVE.get(c.id)
+    if job is not None:
+        job.stop()
+    audit.record("chat-delete", who.label, chat=c.id)
+    if c.id == current:
+        st.query_params.clear()
+    st.rerun()
 
 
 def choose_collection(who: policy.Principal) -> str:
@@ -302,17 +343,10 @@ def _confirm_remove(store, lock, upload_root: Path, who: policy.Principal, colle
     """The question under a document whose remove button was clicked: removing it deletes its passages
     from the index for everyone who searches this collection, and cannot be undone here (the
     file has to be uploaded again), so it takes a second, explicit click."""
-    st.warning(md(f"Remove {name} from the index? Its {doc.passages} passages are deleted for "
-                  f"everyone; to get them back, upload the file again."),
-               icon=":material/delete:")
-    yes, no = st.columns(2)
-    if no.button("Cancel", key=f"cancel-remove-{doc.doc_id}", use_container_width=True):
-        st.session_state.pop(_CONFIRM_REMOVE, None)
-        st.rerun()
-    if not yes.button("Remove", key=f"confirm-remove-{doc.doc_id}", type="primary",
-                      use_container_width=True):
+    if not _confirmed(f"Remove {name} from the index? Its {doc.passages} passages are deleted "
+                      f"for everyone; to get them back, upload the file again.", "Remove",
+                      f"remove-{doc.doc_id}", _CONFIRM_REMOVE):
         return
-    st.session_state.pop(_CONFIRM_REMOVE, None)
     try:
         policy.require_manage(who, collection)  # checked again where it happens
         uploads.remove_document(store, doc.doc_id, doc.source, upload_root, lock=lock)

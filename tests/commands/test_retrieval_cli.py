@@ -122,12 +122,6 @@ def test_search_validates_k_as_usage_error(home):
     assert run("search", "x", "-k", "0").exit_code == 2
 
 
-def test_search_on_empty_index_says_how_to_fill_it(home):
-    result = run("search", "anything")
-    assert result.exit_code == 0 and "ragspec ingest" in result.stdout
-    assert json.loads(run("search", "anything", "--json").stdout) == []
-
-
 def test_remove_by_id_and_path_then_unknown_exits_one(home):
     run("ingest", str(CORPUS))
     docs = {Path(d["source"]).name: d for d in json.loads(run("list", "--json").stdout)}
@@ -268,3 +262,14 @@ def test_a_bug_is_not_dressed_up_as_a_user_error(home, tmp_path, monkeypatch):
     (tmp_path / "a.txt").write_text("Berth 2.")
     with pytest.raises(RuntimeError, match="a bug in the embedder"):
         run("ingest", str(tmp_path / "a.txt"))
+
+
+def test_search_in_an_empty_or_mistyped_index_fails_in_one_line(home, tmp_path):
+    """`ragspec search --index /typo` said "the index is empty" and exited 0, so a script (or
+    a newcomer) took a wrong path for "no matches"; it fails as `ask` does."""
+    for args in (["search", "port"], ["search", "port", "--index", str(tmp_path / "typo")],
+                 ["search", "port", "--json"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1, (args, result.output)
+        assert result.output.count("\n") == 1 and "no documents in the index" in result.output
+        assert "ragspec ingest" in result.output

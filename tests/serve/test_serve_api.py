@@ -144,9 +144,17 @@ def test_below_the_relevance_floor_the_answer_is_a_refusal(client):
         model="ragspec", messages=[{"role": "user", "content": "capital of australia"}],
         extra_body={"ragspec": {"min_score": 0.99}})
     ext = whole.model_extra["ragspec"]
-    assert ext["refused"] is True and whole.choices[0].message.content == NOT_IN_DOCUMENTS
+    assert ext["refused"] is True and ext["message"] == NOT_IN_DOCUMENTS
     assert ext["passages"] and ext["spans"] == [] and whole.usage.completion_tokens == 0
     assert ext["absent_words"] == []  # the floor refused it, not a missing word
+    # The message ends "the closest passages found:", so it lists them: a client that shows
+    # only the content (Open WebUI, an editor) reads what it names and why, no server path.
+    lines = whole.choices[0].message.content.split("\n")
+    assert lines[0] == NOT_IN_DOCUMENTS and len(lines) == len(ext["passages"]) + 2
+    for n, (line, passage) in enumerate(zip(lines[1:], ext["passages"], strict=False), 1):
+        assert line.startswith(f"[{n}] {Path(passage['source']).name}") and "similarity" in line
+        assert str(Path(passage["source"]).parent) not in line
+    assert lines[-1].startswith("(best similarity") and "below the floor 0.99" in lines[-1]
 
 
 def test_completions_endpoint_streamed_or_not(client, tiny_model, tiny_tokenizer):

@@ -116,3 +116,21 @@ def test_stop_notes_say_why_an_answer_ended():
     assert "repeating itself" in describe.stop_note("repetition")
     assert "length limit" in describe.stop_note("max_new_tokens")
     assert describe.stop_note("eos") is None
+
+
+def test_a_draft_over_a_blank_line_leaves_the_line_breaks_unmarked():
+    """Found in the newcomer's walk-through: a merged draft "REFERENCE\\n\\nThe daemon" drew a
+    highlighted sliver on the empty line between, which reads as a whitespace source."""
+    text = "Larkspur REFERENCE\n\nThe daemon reads\n"
+    p = passage("LARKSPUR " + text)
+    spans = [Span(text, [1, 2, 3], True, SpanOrigin(40, True, 0, 9, 9 + len(text))),
+             Span("Which port?\n", [4], True, SpanOrigin(12, True))]
+    from bs4 import BeautifulSoup
+
+    out = rd.spans_html(spans, [p])
+    marks = BeautifulSoup(out, "html.parser").find_all("mark")
+    assert [m.get_text() for m in marks] == ["Larkspur REFERENCE", "The daemon reads",
+                                             "Which port?"]
+    assert visible_text(out) == text + "Which port?\n"
+    # both lines are the one copy, with its one provenance
+    assert len({m["title"] for m in marks if "rs-draft" in m["class"]}) == 1

@@ -199,6 +199,7 @@ def test_the_sidebar_lists_opens_starts_and_deletes_chats(page):
     assert other.query_params["chat"] == first and len(answers_html(other)) == 1
 
     other.button(key=f"delete-chat-{first}").click().run()
+    other.button(key=f"confirm-delete-chat-{first}").click().run()  # it asks first
     assert "chat" not in other.query_params
     assert [b.key for b in other.sidebar.button if (b.key or "").startswith("chat-")] == \
         [f"chat-{second}"]

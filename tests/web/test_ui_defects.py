@@ -310,6 +310,7 @@ def test_deleting_a_chat_someone_else_deleted_shows_a_short_message(tmp_path, mo
     at = new_session()
     monkeypatch.setattr(ch.ChatStore, "delete", raced)
     at.button(key=f"delete-chat-{chat['id']}").click().run()
+    at.button(key=f"confirm-delete-chat-{chat['id']}").click().run()
     assert not at.exception, at.exception
     assert [e.value for e in at.error] and "no chat" in at.error[0].value
     assert not [t for _, t in element_strings(at) if str(tmp_path) in t]

@@ -92,3 +92,69 @@ def test_no_string_the_page_can_show_holds_an_emoji():
     for ok in ((1, 2), (1, 3)):
         for greedy in (True, False):
             assert not emoji(describe.identical_verdict([1, 2], list(ok), greedy)[1])
+
+
+def test_a_first_model_load_shows_that_it_moves(tmp_path, monkeypatch):
+    """A first start builds kernels and converts the model: minutes on a busy machine. While the
+    load runs, the answer's line says for how long it has run ("... so far"), refreshed by the
+    live fragment, instead of a fixed estimate that a busy machine outlives."""
+    import threading
+
+    from ragspec import loading
+    from ragspec.web.answering import ACTIVE
+
+    folder = ui.tiny_model_folder(tmp_path / "tiny")
+    ui.fast_page(monkeypatch, tmp_path / "home", models=[["tiny", str(folder)]],
+                 model_cache=tmp_path / "cache")
+    release, real_load = threading.Event(), loading.load_generator
+
+    def slow_load(*args, **kwargs):
+        assert release.wait(120), "the test never released the load"
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_generator", slow_load)
+    at = ui.new_session()
+    at.file_uploader[0].set_value(("metrics.md", ui.METRICS_DOC, "text/markdown"))
+    at.run()
+    at.number_input(key="max_new_tokens").set_value(4)
+    try:
+        at.chat_input[0].set_value("Which port does the metrics endpoint use?").run()
+        ui.wait_for(lambda: any(job.models.loading_seconds("tiny") is not None
+                                for job in list(ACTIVE._jobs.values())),
+                    what="the model's load to begin")
+        at.run()
+        shown = [html.unescape(t) for t in ui.texts(at.main.info) if "Loading the model" in t]
+        assert shown and "so far" in shown[0], ui.texts(at.main.info)
+    finally:
+        release.set()
+    ui.settle(at, timeout=900)  # the real load now: a fresh model cache builds its kernels
+    assert ui.saved_chat(at)["messages"][-1]["runs"]
+
+
+def test_deleting_a_chat_asks_first_and_can_be_cancelled(tmp_path, monkeypatch):
+    """Found in the walk-through: a chat's close button (the same icon as a document's, which
+    asks) deleted the chat at once, with no way back; now it asks too."""
+    from ragspec.web.chats import ChatStore
+
+    ui.fast_page(monkeypatch, tmp_path / "home")
+    store = ChatStore(tmp_path / "home" / "chats")
+    chat = store.create("Which port does the metrics endpoint use?")
+    at = ui.new_session()
+    at.query_params["chat"] = chat["id"]
+    at.run()
+
+    button(at, "delete-chat-").click().run()  # one click: asked, nothing deleted
+    assert not at.exception, at.exception
+    assert store.load(chat["id"]) and button(at, "confirm-delete-chat-") is not None
+    assert any("Delete the chat" in html.unescape(t) and "cannot be brought back" in t
+               for t in ui.texts(at.sidebar.warning))
+
+    button(at, "cancel-delete-chat-").click().run()
+    assert store.load(chat["id"]) and button(at, "confirm-delete-chat-") is None
+    assert not at.sidebar.warning and at.query_params["chat"] == chat["id"]
+
+    button(at, "delete-chat-").click().run()
+    button(at, "confirm-delete-chat-").click().run()
+    assert not at.exception, at.exception
+    assert button(at, "delete-chat-") is None and "chat" not in at.query_params
+    assert any("No saved chats yet" in t for t in ui.texts(at.sidebar.caption))
