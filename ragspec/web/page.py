@@ -3,7 +3,7 @@
 Page order as in Streamlit's examples: resources, sidebar (chats, documents, settings), session
 state, history replay, the answer being written, then the chat input. The logic lives in
 ragspec.web.answering (the queued answer), ragspec.web.chats (saved chats), ragspec.web.uploads, ragspec.web.model_choice (the
-offered models) and ragspec.web.parts (what each piece shows); this file lays out the page.
+offered models), ragspec.web.parts and ragspec.web.sidebar (what each piece shows); this file lays out the page.
 
 The open chat is in the address (`?chat=<id>`), so reloading the page reopens it. Answers run
 in the process's answer queue, not in the page: a rerun, a reload or a closed tab does not end
@@ -37,7 +37,7 @@ import streamlit as st
 
 from ragspec import paths
 from ragspec.accounts import policy
-from ragspec.web import answering, signin, source_panel
+from ragspec.web import answering, sidebar, signin, source_panel
 from ragspec.web import model_choice as ui_models
 from ragspec.web import page_html as rd
 from ragspec.web import parts as parts
@@ -101,8 +101,8 @@ chat_id = chat["id"] if chat else None
 
 with st.sidebar:
     signin.account_box(who)
-    parts.sidebar_chats(chats, chat_id, who)
-    collection = parts.choose_collection(who)
+    sidebar.sidebar_chats(chats, chat_id, who)
+    collection = sidebar.choose_collection(who)
 
 index_path, upload_root = policy.collection_dirs(collection, os.environ.get("RAGSPEC_UI_INDEX"))
 index_dir = str(index_path)
@@ -115,8 +115,8 @@ except Exception as exc:  # a damaged index, a missing embedder: say so, keep th
 
 with st.sidebar:
     if store is not None:
-        parts.sidebar_documents(store, index_lock, upload_root, who, collection)
-    settings = parts.sidebar_settings(models.names, who, models.loaded_names())
+        sidebar.sidebar_documents(store, index_lock, upload_root, who, collection)
+    settings = sidebar.sidebar_settings(models.names, who, models.loaded_names())
 
 job = answering.ACTIVE.get(chat_id)
 

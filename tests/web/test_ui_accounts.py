@@ -108,7 +108,7 @@ def test_only_the_owner_manages_shared_documents_even_against_crafted_clicks(sit
 
     remove.click()
     owner.run()
-    assert keys(owner, "remove-")  # asked first (parts._confirm_remove)
+    assert keys(owner, "remove-")  # asked first (sidebar._confirm_remove)
     (confirm,) = [b for b in owner.sidebar.button if (b.key or "").startswith("confirm-remove-")]
     confirm.click()
     owner.run()
