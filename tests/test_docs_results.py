@@ -8,7 +8,9 @@ Read from the files themselves, not from a list kept by hand:
   * every file in docs/results/ is linked from README.md or a docs/ page (a results file that
     no page cites is stale: delete it);
   * every results file is a JSON object naming the command, the commit and the machine that
-    produced it (benchmarks/record.py writes them so).
+    produced it (benchmarks/record.py writes them so), or a Markdown record of something done
+    by hand (a walk-through) whose first lines say the same as `Command:`, `Commit:` and
+    `Machine:` lines.
 Which figure of a page needs which file is for a reader to judge; these checks catch the
 mechanical half: a link that points nowhere, to many files, or a file that nothing points to.
 """
@@ -24,6 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README_LINES = 250
 RECORD_KEYS = ("command", "commit", "machine")
+MD_HEAD_LINES = 15  # a Markdown record names them as "Command: ..." lines this near its top
 # a markdown link's target: [text](target) or [text](target "title")
 LINK = re.compile(r"\]\(\s*<?([^)\s>]+)")
 # docs/results/NAME (or results/NAME from a docs page) written in the text
@@ -90,6 +93,14 @@ def unrecorded(root: Path = ROOT) -> list[str]:
     """The results files that do not name their command, commit and machine."""
     bad = []
     for path in sorted((root / "docs" / "results").glob("*")):
+        if path.suffix == ".md":
+            head = path.read_text().splitlines()[:MD_HEAD_LINES]
+            missing = [k for k in RECORD_KEYS if not any(
+                line.lower().startswith(f"{k}:") and line[len(k) + 1:].strip() for line in head)]
+            if missing:
+                bad.append(f"docs/results/{path.name} names no {', '.join(missing)} in its "
+                           f"first {MD_HEAD_LINES} lines")
+            continue
         try:
             data = json.loads(path.read_text())
         except (UnicodeDecodeError, ValueError) as error:
@@ -166,6 +177,16 @@ def test_a_results_file_no_page_cites_is_caught(site):
 def test_a_results_file_without_its_command_commit_or_machine_is_caught(site):
     (site / "docs" / "results" / "a.json").write_text(json.dumps({"command": "x", "rows": []}))
     assert unrecorded(site) == ["docs/results/a.json names no commit, machine"]
+
+
+def test_a_markdown_record_names_its_command_commit_and_machine_at_its_top(site):
+    record = site / "docs" / "results" / "walk.md"
+    record.write_text("# A walk-through\n\nCommand: `make demo`\nMachine: a CPU\n\nSteps.\n")
+    assert unrecorded(site) == [f"docs/results/walk.md names no commit in its first "
+                                f"{MD_HEAD_LINES} lines"]
+    record.write_text("# A walk-through\n\nCommand: `make demo`\nCommit: abc1234\n"
+                      "Machine: a CPU\n\nSteps.\n")
+    assert unrecorded(site) == []
 
 
 def test_a_readme_one_line_too_long_is_caught(site):
