@@ -142,3 +142,46 @@ def test_sessions_need_greedy_decoding_and_a_known_order(packed, tiny_tokenizer)
                               replace(CONFIG, sampling=SamplingConfig(temperature=0.7)))
     with pytest.raises(ValueError, match="order"):
         sessions.run_sessions(Store(), warm, [SESSION], CONFIG, order="best")
+
+
+def test_cli_sessions_writes_one_results_file_and_appends_a_later_run(
+        packed, tiny_tokenizer, tmp_path, monkeypatch):
+    import functools
+    import json
+    from types import SimpleNamespace
+
+    import torch
+    from click.testing import CliRunner
+
+    from ragspec import loading
+    from ragspec.bench import prepare
+    from ragspec.cli import main
+
+    loaded = SimpleNamespace(name="tiny", dtype=torch.float32, device=torch.device("cpu"),
+                             weights="int8", weights_note="")
+    monkeypatch.setattr(loading, "load_generator", lambda *a, **k: (
+        loaded, Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)))
+    monkeypatch.setattr(loading, "open_store", lambda *a, **k: Store())
+    monkeypatch.setattr(prepare, "ingest_corpus", lambda store, corpus: [])
+    # the tiny model's context (256 characters) holds PIPE's short prompts, not the default's
+    monkeypatch.setattr(sessions, "run_sessions",
+                        functools.partial(sessions.run_sessions, pipeline_config=PIPE))
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("\n".join(
+        json.dumps({"id": q.id, "question": q.question, "source": "ops.txt"})
+        for q in SESSION.questions), encoding="utf-8")
+    out = tmp_path / "sessions.json"
+    args = ["bench", "--sessions", "--corpus", str(tmp_path), "--questions", str(questions),
+            "--max-new-tokens", "8", "--out", str(out)]
+    monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert "every answer identical to its run without the cache" in first.output
+    again = CliRunner().invoke(main, [*args, "--json"])
+    assert again.exit_code == 0, again.output
+    saved = json.loads(out.read_text(encoding="utf-8"))
+    assert set(saved) == {"command", "commit", "machine", "runs"} and len(saved["runs"]) == 2
+    run = saved["runs"][-1]
+    assert run["prompt_read"] == "int8" and run["order"] == "keep"
+    assert run["summary"]["all_identical"] and run["summary"]["turns"] == 2
+    assert [t["id"] for t in run["sessions"][0]["turns"]] == ["t1", "t2"]
