@@ -16,14 +16,17 @@ Contract:
     `prepare` builds a prompt whatever the verdict (benchmarks measure generation on every
     question).
   * `stream` / `ask`: generation through decoding.Generator; `ask` is the collected stream.
-  * A turn after another (`prepare_retrieved(retrieval, previous=...)`, with `keep_places`):
+  * A turn after another (`prepare_retrieved(retrieval, previous=...)`, with `keep_places`,
+    off by default):
     each passage the previous prompt showed that this turn retrieved again keeps its place; the
-    new ones take the places of those not retrieved again, then follow, in the usual order (the
-    best new one latest). Labels go by place, so the places kept from the start on render the
-    same text as before and the prompt shares that prefix with the previous one (what the
-    engine's prompt cache reuses). Without a previous turn, or with keep_places off, the order
-    is the rank order. E.g. previous shown [4] A, [3] B, [2] C, [1] D; now retrieved, in rank
-    order, D, A, E, B: shown [4] A, [3] B, [2] E, [1] D — the same text as before up to [2].
+    new ones take the places of those not retrieved again, then follow, in the usual order;
+    with best_last this turn's best passage goes last, next to the question, as in a prompt of
+    its own (a 135M model quotes that one most). Labels go by place, so the places kept from
+    the start on render the same text as before and the prompt shares that prefix with the
+    previous one (what the engine's prompt cache reuses). Without a previous turn, or with
+    keep_places off, the order is the rank order. E.g. previous shown [4] A, [3] B, [2] C,
+    [1] D; now retrieved, in rank order, D, A, E, B: shown [4] A, [3] B, [2] E, [1] D — the
+    same text as before up to [2].
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ class PipelineConfig:
     repeat: the stop rule and penalty for repetition that `stream` applies when the caller's
         GenerationConfig leaves `repeat` unset (ragspec.decoding.types.RepeatConfig).
     keep_places: in a turn after another, passages the previous prompt showed keep their
-        places (see the module docstring); off: every turn in rank order.
+        places (see the module docstring); off (the default: on the dev set it lowered snippet
+        recall a little for little reuse, docs/answer-quality.md): every turn in rank order.
     search: "dense" (embedding similarity) or "hybrid" (fused with BM25 keyword ranking).
     min_score: the relevance floor: below this best cosine the question is not answered
         (0 disables it).
@@ -100,7 +104,7 @@ class PipelineConfig:
     search: str = DEFAULT_SEARCH
     min_score: float = DEFAULT_MIN_SCORE
     repeat: RepeatConfig = ANSWER_REPEAT
-    keep_places: bool = True
+    keep_places: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= 50:
@@ -356,15 +360,17 @@ class Pipeline:
 def keep_places(shown: Sequence[Passage], hits: Sequence, best_last: bool = True) -> list:
     """`hits` (rank order) reordered for a prompt after one that showed `shown` (see the module
     docstring): in the places of `shown`, those retrieved again; in the places left empty, then
-    after them, the new ones in the order a prompt of their own would show them. Returned in
-    label order ([1] first), the order `_build` takes. A passage is the same when its id and
-    text are."""
-    now = {(h.passage.id, h.passage.text): h for h in hits}
+    after them, the new ones in the order a prompt of their own would show them; with best_last
+    the best hit last whatever its place before. Returned in label order ([1] first), the
+    order `_build` takes. A passage is the same when its id and text are."""
+    best = list(hits[:1]) if best_last else []
+    rest = hits[len(best):]
+    now = {(h.passage.id, h.passage.text): h for h in rest}
     places = [now.pop((p.id, p.text), None) for p in shown]
-    new = [h for h in hits if (h.passage.id, h.passage.text) in now]
+    new = [h for h in rest if (h.passage.id, h.passage.text) in now]
     new = iter(new[::-1] if best_last else new)
     display = [h if h is not None else next(new, None) for h in places]
-    display = [h for h in display if h is not None] + list(new)
+    display = [h for h in display if h is not None] + list(new) + best
     return display[::-1] if best_last else display
 
 

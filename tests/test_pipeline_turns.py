@@ -43,13 +43,16 @@ def names(passages) -> str:
     return "".join(p.doc_id for p in passages)
 
 
-def test_kept_passages_keep_their_places_and_new_ones_fill_the_empty_ones_best_latest():
+def test_kept_passages_keep_their_places_new_ones_fill_the_empty_ones_and_the_best_goes_last():
     # previous shown A B C D ([4]..[1]); now ranked D A E B: C's place goes to E, D stays last
     assert names(h.passage for h in keep_places([P[n] for n in "ABCD"], hits("DAEB"))[::-1]) \
         == "ABED"
-    # B's place goes to the one new passage
+    # a new best goes last; B's place stays empty
     assert names(h.passage for h in keep_places([P[n] for n in "ABCD"], hits("EDCA"))[::-1]) \
-        == "AECD"
+        == "ACDE"
+    # the best goes last even when it had another place before
+    assert names(h.passage for h in keep_places([P[n] for n in "ABCD"], hits("BDEA"))[::-1]) \
+        == "AEDB"
     shown = names(h.passage for h in keep_places([P[n] for n in "ABC"], hits("EDBA"))[::-1])
     assert shown == "ABDE"  # C's place: D (the worse new one); E (the best) after it
     # best first: the new ones in rank order
@@ -59,8 +62,8 @@ def test_kept_passages_keep_their_places_and_new_ones_fill_the_empty_ones_best_l
 
 def test_a_turn_after_another_starts_as_the_previous_prompt_up_to_the_first_changed_place(
         smol):
-    keep = pipeline_for(smol)
-    rank = pipeline_for(smol, keep_places=False)
+    keep = pipeline_for(smol, keep_places=True)
+    rank = pipeline_for(smol)  # the default: every turn in rank order
     first = keep.prepare_retrieved(retrieval("DCBA"))
     assert names(first.shown) == "ABCD"  # best last: the rank order reversed
     after = keep.prepare_retrieved(retrieval("DAEB", "How do I run recipes at once?"), first)
@@ -80,7 +83,7 @@ def test_a_turn_after_another_starts_as_the_previous_prompt_up_to_the_first_chan
 
 
 def test_without_a_previous_turn_the_prompt_is_in_rank_order(smol):
-    pipe = pipeline_for(smol)
+    pipe = pipeline_for(smol, keep_places=True)
     alone = pipe.prepare_retrieved(retrieval("DAEB"))
     assert names(alone.passages) == "DAEB" and names(alone.shown) == "BEAD"
     assert alone.prompt_ids == pipe.prepare_retrieved(retrieval("DAEB"), None).prompt_ids
@@ -88,7 +91,7 @@ def test_without_a_previous_turn_the_prompt_is_in_rank_order(smol):
 
 @pytest.mark.parametrize("best_last", [True, False])
 def test_labels_follow_places_and_scores_follow_their_passages(smol, best_last):
-    pipe = pipeline_for(smol, best_last=best_last)
+    pipe = pipeline_for(smol, best_last=best_last, keep_places=True)
     first = pipe.prepare_retrieved(retrieval("DCBA"))
     after = pipe.prepare_retrieved(retrieval("DAEB"), first)
     scores = {h.passage.id: h.score for h in hits("DAEB")}

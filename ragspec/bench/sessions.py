@@ -62,7 +62,7 @@ def without_prompt_cache(generator):
 
 
 def run_sessions(store, generator, sessions: Sequence[Session], config, *,
-                 pipeline_config=None, order: str = "keep", cold=None, compare: bool = True,
+                 pipeline_config=None, order: str = "rank", cold=None, compare: bool = True,
                  progress: Callable[[str], None] = lambda line: None) -> list[dict]:
     """Every session asked with the prompt cache off (`cold`, default without_prompt_cache) then
     on (`generator`); one dict per session: {"source", "turns": [...]} (module docstring).

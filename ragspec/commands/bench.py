@@ -84,10 +84,11 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
                    "the prompt cache off and then on; per turn: the first token's time, the "
                    "whole answer's, the share of the prompt the cache supplied and whether the "
                    "answer is identical to the cache-off one. --limit counts sessions.")
-@click.option("--session-order", type=click.Choice(sessions_core.ORDERS), default="keep",
+@click.option("--session-order", type=click.Choice(sessions_core.ORDERS), default="rank",
               show_default=True,
-              help="With --sessions: keep (passages the previous turn had keep their places) "
-                   "or rank (every turn in rank order).")
+              help="With --sessions: rank (every turn in rank order, as the product builds "
+                   "it) or keep (passages the previous turn had keep their places: "
+                   "PipelineConfig.keep_places).")
 @click.option("--no-cache-off", "cache_off", flag_value=False, default=True,
               help="With --sessions: skip the run with the prompt cache off (no identity "
                    "check; half the time, for comparing orders).")
@@ -197,7 +198,11 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
            "prompt_read": sessions_core.prompt_read(), "order": order, "cache_off_run": compare,
            "max_new_tokens": max_new_tokens, "questions": questions_file,
            "summary": sessions_core.summarize(ran), "sessions": ran, "failures": failures}
-    machine = (f"{cpuinfo.field('model name') or 'unknown CPU'}, {os.cpu_count()} cores, "
+    flags = [f for f in ("avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+             if f in cpuinfo.flags()]
+    machine = (f"{cpuinfo.field('model name') or 'unknown CPU'} (family "
+               f"{cpuinfo.field('cpu family')} model {cpuinfo.field('model')}), "
+               f"{os.cpu_count()} cores, {' '.join(flags) or 'no AVX-512 VNNI'}; "
                f"{describe_device(loaded)}")
     command = "ragspec " + " ".join(sys.argv[1:]) if sys.argv else "ragspec bench --sessions"
     previous = None

@@ -21,19 +21,19 @@ from ragspec.retrieval.faiss.store import Hit, Passage, SearchResult
 
 BIG = 64 << 20
 CONFIG = GenerationConfig(max_new_tokens=8)
-PIPE = PipelineConfig(k=2, max_new_tokens=8, system_prompt="Answer from the passages.",
-                      question_suffix="")
+PIPE = PipelineConfig(k=3, max_new_tokens=8, system_prompt="Answer.", question_suffix="")
 TEXTS = {
-    "p1": "the metrics endpoint listens on port 7432 and serves metrics only.",
-    "p2": "logs are kept for 14 days by default, then the oldest are removed.",
-    "p3": "a log larger than max_log_size is cut from its start.",
+    "p1": "metrics listen on port 7432 only.",
+    "p2": "logs are kept for 14 days, then go.",
+    "p3": "a log over max_log_size is cut.",
+    "p4": "the api listens on port 7431 too.",
 }
 PASSAGES = {k: Passage(id=k, doc_id=k, source=f"{k}.txt", page=None, start=0, text=t)
             for k, t in TEXTS.items()}
-# question -> its passages in rank order: the second turn retrieves p2 again (shown first
-# before: best last) and a new one, p3
-RANKS = {"Which port serves metrics?": ["p1", "p2"], "How long are logs kept?": ["p2", "p3"]}
-SESSION = sessions.Session("ops.txt", (Question("t1", "Which port serves metrics?"),
+# question -> its passages in rank order: turn 1 shows p4 p2 p1 (best last); turn 2 retrieves
+# p4 and p1 again and a new best, p3: kept places show p4 p1 p3, the rank order p1 p4 p3
+RANKS = {"Which port has metrics?": ["p1", "p2", "p4"], "How long are logs kept?": ["p3", "p4", "p1"]}
+SESSION = sessions.Session("ops.txt", (Question("t1", "Which port has metrics?"),
                                        Question("t2", "How long are logs kept?",
                                                 answers=("kept for 14 days",))))
 
@@ -106,9 +106,9 @@ def test_a_different_answer_without_the_cache_is_caught(packed, tiny_tokenizer, 
 def test_kept_places_let_the_next_turn_reuse_the_previous_prompt(packed, tiny_tokenizer):
     keep = _run(packed, tiny_tokenizer, "keep")[0]["turns"][1]
     rank = _run(packed, tiny_tokenizer, "rank")[0]["turns"][1]
-    assert keep["on"]["passages"] == ["p2", "p3"]  # p2 keeps its place, the first
-    assert rank["on"]["passages"] == ["p3", "p2"]  # rank order, best last
-    assert keep["on"]["shared_prefix_tokens"] > rank["on"]["shared_prefix_tokens"] + len(TEXTS["p2"])
+    assert keep["on"]["passages"] == ["p4", "p1", "p3"]  # p4 keeps its place, the first
+    assert rank["on"]["passages"] == ["p1", "p4", "p3"]  # rank order, best last
+    assert keep["on"]["shared_prefix_tokens"] > rank["on"]["shared_prefix_tokens"] + len(TEXTS["p4"])
     cached = keep["on"]["cached_prompt_tokens"]
     assert 0 < cached <= keep["on"]["shared_prefix_tokens"]
     assert cached > rank["on"]["cached_prompt_tokens"]
@@ -182,6 +182,6 @@ def test_cli_sessions_writes_one_results_file_and_appends_a_later_run(
     saved = json.loads(out.read_text(encoding="utf-8"))
     assert set(saved) == {"command", "commit", "machine", "runs"} and len(saved["runs"]) == 2
     run = saved["runs"][-1]
-    assert run["prompt_read"] == "int8" and run["order"] == "keep"
+    assert run["prompt_read"] == "int8" and run["order"] == "rank"
     assert run["summary"]["all_identical"] and run["summary"]["turns"] == 2
     assert [t["id"] for t in run["sessions"][0]["turns"]] == ["t1", "t2"]
