@@ -16,6 +16,17 @@ Contract:
     `prepare` builds a prompt whatever the verdict (benchmarks measure generation on every
     question).
   * `stream` / `ask`: generation through decoding.Generator; `ask` is the collected stream.
+  * A turn after another (`prepare_retrieved(retrieval, previous=...)`, with `keep_places`,
+    off by default):
+    each passage the previous prompt showed that this turn retrieved again keeps its place; the
+    new ones take the places of those not retrieved again, then follow, in the usual order;
+    with best_last this turn's best passage goes last, next to the question, as in a prompt of
+    its own (a 135M model quotes that one most). Labels go by place, so the places kept from
+    the start on render the same text as before and the prompt shares that prefix with the
+    previous one (what the engine's prompt cache reuses). Without a previous turn, or with
+    keep_places off, the order is the rank order. E.g. previous shown [4] A, [3] B, [2] C,
+    [1] D; now retrieved, in rank order, D, A, E, B: shown [4] A, [3] B, [2] E, [1] D — the
+    same text as before up to [2].
 """
 
 from __future__ import annotations
@@ -74,6 +85,9 @@ class PipelineConfig:
     question_suffix: text put after the question in the user turn (a closing instruction).
     repeat: the stop rule and penalty for repetition that `stream` applies when the caller's
         GenerationConfig leaves `repeat` unset (ragspec.decoding.types.RepeatConfig).
+    keep_places: in a turn after another, passages the previous prompt showed keep their
+        places (see the module docstring); off (the default: on the dev set it lowered snippet
+        recall a little for little reuse, docs/answer-quality.md): every turn in rank order.
     search: "dense" (embedding similarity) or "hybrid" (fused with BM25 keyword ranking).
     min_score: the relevance floor: below this best cosine the question is not answered
         (0 disables it).
@@ -90,6 +104,7 @@ class PipelineConfig:
     search: str = DEFAULT_SEARCH
     min_score: float = DEFAULT_MIN_SCORE
     repeat: RepeatConfig = ANSWER_REPEAT
+    keep_places: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= 50:
@@ -132,6 +147,12 @@ class PreparedPrompt:
     dropped: list[Passage] = field(default_factory=list)
     truncated: bool = False
     messages: list[dict] = field(default_factory=list)
+    best_last: bool = True
+
+    @property
+    def shown(self) -> list[Passage]:
+        """The passages in the order the prompt shows them (best_last: from [n] down to [1])."""
+        return list(reversed(self.passages)) if self.best_last else list(self.passages)
 
 
 @dataclass
@@ -208,9 +229,13 @@ class Pipeline:
         return retrieve(self.store, question, history, k=c.k, search=c.search,
                         min_score=c.min_score, rewrite_followups=c.rewrite_followups)
 
-    def prepare_retrieved(self, retrieval: Retrieval) -> PreparedPrompt:
-        """The prompt for what `retrieve` found."""
-        hits = retrieval.hits
+    def prepare_retrieved(self, retrieval: Retrieval,
+                          previous: PreparedPrompt | None = None) -> PreparedPrompt:
+        """The prompt for what `retrieve` found; `previous`: the prompt of the turn before in
+        the same chat, whose passages keep their places (config.keep_places; module docstring)."""
+        hits = list(retrieval.hits)
+        if previous is not None and self.config.keep_places:
+            hits = keep_places(previous.shown, hits, self.config.best_last)
         return self._build(retrieval.standalone_question, [h.passage for h in hits],
                            [h.score for h in hits])
 
@@ -274,7 +299,7 @@ class Pipeline:
         return PreparedPrompt(
             prompt_ids=ids, sources=sources, passages=used, standalone_question=question,
             prompt_text=text, scores=scores[: len(used)], dropped=passages[len(used):],
-            truncated=truncated,
+            truncated=truncated, best_last=self.config.best_last,
         )
 
     def _fit_cut(self, question: str, used: list[Passage], passage: Passage,
@@ -330,6 +355,23 @@ class Pipeline:
             )
         located = [(base + s, base + e) for s, e in spans]
         return text, list(enc["input_ids"]), list(enc["offset_mapping"]), located
+
+
+def keep_places(shown: Sequence[Passage], hits: Sequence, best_last: bool = True) -> list:
+    """`hits` (rank order) reordered for a prompt after one that showed `shown` (see the module
+    docstring): in the places of `shown`, those retrieved again; in the places left empty, then
+    after them, the new ones in the order a prompt of their own would show them; with best_last
+    the best hit last whatever its place before. Returned in label order ([1] first), the
+    order `_build` takes. A passage is the same when its id and text are."""
+    best = list(hits[:1]) if best_last else []
+    rest = hits[len(best):]
+    now = {(h.passage.id, h.passage.text): h for h in rest}
+    places = [now.pop((p.id, p.text), None) for p in shown]
+    new = [h for h in rest if (h.passage.id, h.passage.text) in now]
+    new = iter(new[::-1] if best_last else new)
+    display = [h if h is not None else next(new, None) for h in places]
+    display = [h for h in display if h is not None] + list(new) + best
+    return display[::-1] if best_last else display
 
 
 def _region(label: int, ids: list[int], offsets: list, start: int, end: int) -> SourceRegion:

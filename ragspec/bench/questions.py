@@ -21,13 +21,15 @@ class BenchInputError(ValueError):
 @dataclass(frozen=True)
 class Question:
     """answers: the verbatim snippets that hold the answer (empty when the file gives none).
-    unanswerable: the documents do not hold the answer."""
+    unanswerable: the documents do not hold the answer. source: the document that holds it
+    (None when the file does not say; `ragspec bench --sessions` groups questions by it)."""
 
     id: str
     question: str
     kind: str = "copy"
     answers: tuple[str, ...] = ()
     unanswerable: bool = False
+    source: str | None = None
 
 
 def load_questions(path: str | Path, limit: int | None = None, *,
@@ -73,8 +75,10 @@ def load_questions(path: str | Path, limit: int | None = None, *,
         answers = [answers] if isinstance(answers, str) else answers
         if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
             raise BenchInputError(f"{where}: \"answer\" must be a string or a list of strings")
+        source = obj.get("source")
         questions.append(Question(qid, text.strip(), kind, tuple(a for a in answers if a.strip()),
-                                  bool(obj.get("unanswerable"))))
+                                  bool(obj.get("unanswerable")),
+                                  str(source) if source not in (None, "") else None))
     if not questions:
         raise BenchInputError(f"{path} holds no questions: write one JSON object per line")
     return questions[:limit] if limit else questions

@@ -15,6 +15,7 @@ import sys
 import click
 
 from ragspec.bench import runner as core
+from ragspec.bench import sessions as sessions_core
 from ragspec.bench import summary as summary
 from ragspec.bench.anchors.llama_server import SERVER_METHODS
 from ragspec.bench.anchors.llamacpp import LLAMACPP_METHODS
@@ -77,11 +78,26 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
               help="The engine's weights (see `ragspec ask --help`); with packed weights the "
                    "transformers baselines run the de-quantised fp32 model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
+@click.option("--sessions", "sessions", is_flag=True,
+              help="Ask the questions as chat sessions instead, one per document (their "
+                   '"source"), in order, each turn after the ones before it, every session with '
+                   "the prompt cache off and then on; per turn: the first token's time, the "
+                   "whole answer's, the share of the prompt the cache supplied and whether the "
+                   "answer is identical to the cache-off one. --limit counts sessions.")
+@click.option("--session-order", type=click.Choice(sessions_core.ORDERS), default="rank",
+              show_default=True,
+              help="With --sessions: rank (every turn in rank order, as the product builds "
+                   "it) or keep (passages the previous turn had keep their places: "
+                   "PipelineConfig.keep_places).")
+@click.option("--no-cache-off", "cache_off", flag_value=False, default=True,
+              help="With --sessions: skip the run with the prompt cache off (no identity "
+                   "check; half the time, for comparing orders).")
 @prompt_cache_option
 def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
           limit: int | None, index: str | None, out: str | None, plot_path: str | None,
           repeats: int, llamacpp: bool | None, llama_server: bool | None, methods: str | None,
-          weights: str, as_json: bool) -> None:
+          weights: str, as_json: bool, sessions: bool, session_order: str,
+          cache_off: bool) -> None:
     """Benchmark ragspec against greedy decoding, transformers' prompt lookup and an oracle.
 
     Ingests DIR, builds each question's prompt with the real pipeline, then runs on every
@@ -98,6 +114,10 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     answer starting to repeat itself), and every figure is also given over the answers that did
     not loop, with the number left out.
     """
+    if sessions:
+        _sessions(corpus, questions_file, max_new_tokens, model, limit, index, out, weights,
+                  as_json, session_order, cache_off)
+        return
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     try:
         if chosen is not None:  # unknown names fail before the model loads
@@ -134,6 +154,72 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
         click.echo(f"{len(setup.failures)} input(s) failed: "
                    + "; ".join(setup.failures), err=True)
         sys.exit(1)
+
+
+def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
+              limit: int | None, index: str | None, out: str | None, weights: str,
+              as_json: bool, order: str, compare: bool = True) -> None:
+    """`bench --sessions` (ragspec.bench.sessions): set up, run, write and print."""
+    import os
+    import tempfile
+    import time
+
+    from ragspec import cpuinfo
+    from ragspec.bench.prepare import ingest_corpus
+    from ragspec.decoding.types import GenerationConfig
+    from ragspec.loading import describe_device, load_generator, open_store
+    from ragspec.models.load import ModelNotFound
+    from ragspec.retrieval.errors import RetrievalError
+
+    try:
+        groups = sessions_core.group_sessions(core.load_questions(questions_file), limit)
+    except core.BenchInputError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not groups:
+        raise click.ClickException(f'no question of {questions_file} names its "source": '
+                                   "nothing to group into sessions")
+    log = lambda line: click.echo(line, err=True)  # noqa: E731
+    load_before = sessions_core.load_now()
+    try:
+        loaded, generator = load_generator(model, weights=weights, on_note=log)
+        with tempfile.TemporaryDirectory(prefix="ragspec-bench-") as scratch:
+            store = open_store(index or scratch)
+            log(f"Ingesting {corpus} ...")
+            failures = ingest_corpus(store, corpus)
+            config = GenerationConfig(max_new_tokens=max_new_tokens)
+            ran = sessions_core.run_sessions(store, generator, groups, config, order=order,
+                                             compare=compare,
+                                             progress=lambda line: log(f"session {line}"))
+    except (ModelNotFound, RetrievalError, core.BenchInputError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    run = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "load_before": load_before, "load_after": sessions_core.load_now(),
+           "model": loaded.name, "device": describe_device(loaded),
+           "prompt_read": sessions_core.prompt_read(), "order": order, "cache_off_run": compare,
+           "max_new_tokens": max_new_tokens, "questions": questions_file,
+           "summary": sessions_core.summarize(ran), "sessions": ran, "failures": failures}
+    flags = [f for f in ("avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+             if f in cpuinfo.flags()]
+    machine = (f"{cpuinfo.field('model name') or 'unknown CPU'} (family "
+               f"{cpuinfo.field('cpu family')} model {cpuinfo.field('model')}), "
+               f"{os.cpu_count()} cores, {' '.join(flags) or 'no AVX-512 VNNI'}; "
+               f"{describe_device(loaded)}")
+    command = "ragspec " + " ".join(sys.argv[1:]) if sys.argv else "ragspec bench --sessions"
+    previous = None
+    if out and os.path.exists(out):
+        try:
+            with open(out, encoding="utf-8") as fh:
+                previous = json.load(fh)
+        except (OSError, ValueError):
+            previous = None
+    results = sessions_core.results(command, sessions_core.commit(), machine, run, previous)
+    if out:
+        _write(out, lambda path: open(path, "w", encoding="utf-8").write(
+            json.dumps(results, indent=1, ensure_ascii=False) + "\n"))
+    if as_json:
+        click.echo(json.dumps(results, indent=1, ensure_ascii=False))
+        return
+    click.echo(sessions_core.format_summary(run))
 
 
 def _run_with_progress(runner: core.Runner, setup: core.Setup, max_new_tokens: int,

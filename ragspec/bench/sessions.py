@@ -1,0 +1,237 @@
+"""`ragspec bench --sessions`: questions asked as chat sessions, each twice, prompt cache off and on.
+
+Contract: `group_sessions` makes one session per document of a question set (its questions that
+name that `source`, in file order; questions naming none are left out). `run_sessions` asks
+every session's questions in order, the way the chat asks a turn after another: the follow-up
+rewrite over the session's history (Pipeline.retrieve, ragspec.search), then the prompt built
+after the previous turn's (Pipeline.prepare_retrieved with `previous`: with keep_places its
+passages keep their places), then one greedy generation. Each session runs twice on the same
+model object: first on a generator whose prompt cache is off, then on the generator given
+(whose cache is on and shared by all sessions, as a chat server's is). Per turn and per run it
+records the time to the first token and the whole answer (time.perf_counter around the
+stream: the first span, the last), the prompt tokens, those the prompt cache supplied
+(GenerationStats.cached_prompt_tokens) and the cache's own line when it was off, how many
+prompt tokens the previous turn's prompt began with (the prefix any cache could reuse), the
+snippet recall of the answer (ragspec.eval.quality), and whether the cache-on answer's token
+ids equal the cache-off one's. `summarize` gives medians for turn 1 and for turns 2 and later.
+Knows nothing of click.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from ragspec.bench.questions import Question
+from ragspec.eval.quality import snippet_recall
+
+ORDERS = ("keep", "rank")  # keep_places on, off (ragspec.pipeline)
+
+
+@dataclass(frozen=True)
+class Session:
+    """The questions about one document, asked in this order in one chat."""
+
+    source: str
+    questions: tuple[Question, ...]
+
+
+def group_sessions(questions: Sequence[Question], limit: int | None = None) -> list[Session]:
+    """One session per `source`, in the order of each source's first question; the first
+    `limit` sessions (None: all)."""
+    groups: dict[str, list[Question]] = {}
+    for q in questions:
+        if q.source is not None:
+            groups.setdefault(q.source, []).append(q)
+    sessions = [Session(source, tuple(qs)) for source, qs in groups.items()]
+    return sessions[:limit] if limit else sessions
+
+
+def without_prompt_cache(generator):
+    """A generator over the same model object with its prompt cache off (greedy answers are
+    those of `generator`: the cache is exact or off, ragspec.decoding.prefix_cache)."""
+    from ragspec.decoding.engine import Generator
+
+    return Generator(generator.model, generator.tokenizer,
+                     eos_token_ids=sorted(generator.eos_token_ids), cost=generator.cost,
+                     speculation_off_reason=generator.speculation_off_reason,
+                     prompt_cache_bytes=0)
+
+
+def run_sessions(store, generator, sessions: Sequence[Session], config, *,
+                 pipeline_config=None, order: str = "rank", cold=None, compare: bool = True,
+                 progress: Callable[[str], None] = lambda line: None) -> list[dict]:
+    """Every session asked with the prompt cache off (`cold`, default without_prompt_cache) then
+    on (`generator`); one dict per session: {"source", "turns": [...]} (module docstring).
+    config: the GenerationConfig of every answer (greedy); pipeline_config: the prompt's
+    settings (ragspec.pipeline.PipelineConfig), keep_places set from `order`. compare=False:
+    the cache-on run alone (no identity check, "identical" None; half the time, for comparing
+    orders)."""
+    from ragspec.pipeline import Pipeline, PipelineConfig
+
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if config.sampling.temperature != 0:
+        raise ValueError("sessions compare answers token for token: use greedy decoding")
+    pipe_config = replace(pipeline_config or PipelineConfig(max_new_tokens=config.max_new_tokens),
+                          keep_places=order == "keep")
+    pipes = {"on": Pipeline(store, generator, pipe_config)}
+    if compare:
+        cold = cold if cold is not None else without_prompt_cache(generator)
+        pipes = {"off": Pipeline(store, cold, pipe_config), **pipes}
+    out = []
+    for session in sessions:
+        runs = {}
+        for cache, pipe in pipes.items():
+            progress(f"{session.source} (prompt cache {cache})")
+            runs[cache] = ask_session(pipe, session, config)
+        turns = []
+        for i, on in enumerate(runs["on"]):
+            off = runs["off"][i] if compare else None
+            turn = {"id": on.pop("id"), "turn": on.pop("turn"), "on": on, "identical": None}
+            ids = on.pop("token_ids")
+            if off is not None:
+                off.pop("id"), off.pop("turn")
+                turn.update(off=off, identical=off.pop("token_ids") == ids)
+            turns.append(turn)
+        out.append({"source": session.source, "turns": turns})
+    return out
+
+
+def ask_session(pipeline, session: Session, config) -> list[dict]:
+    """The session's questions in order, each after the ones before it (module docstring)."""
+    history: list[dict] = []
+    previous = None
+    turns = []
+    for n, q in enumerate(session.questions, 1):
+        retrieval = pipeline.retrieve(q.question, history)
+        prepared = pipeline.prepare_retrieved(retrieval, previous)
+        start = time.perf_counter()
+        first = None
+        stream = pipeline.stream(prepared, config)
+        for _span in stream:
+            first = first if first is not None else time.perf_counter()
+        result = stream.result()
+        end = time.perf_counter()
+        stats = result.stats
+        prompt = prepared.prompt_ids
+        shared = 0 if previous is None else _common_prefix(previous.prompt_ids, prompt)
+        turns.append({
+            "id": q.id, "turn": n, "token_ids": list(result.token_ids),
+            "ttft_seconds": (first if first is not None else end) - start,
+            "seconds": end - start, "new_tokens": len(result.token_ids),
+            "stop_reason": stats.stop_reason, "prompt_tokens": len(prompt),
+            "cached_prompt_tokens": stats.cached_prompt_tokens,
+            "cached_share": stats.cached_prompt_tokens / len(prompt),
+            "prompt_cache_off": stats.prompt_cache_off,
+            "shared_prefix_tokens": shared, "floor_refused": retrieval.refused,
+            "passages": [p.id for p in prepared.shown],
+            "recall": snippet_recall(result.text, q.answers) if q.answers else None,
+            "text": result.text,
+        })
+        history += [{"role": "user", "content": q.question,
+                     "standalone": prepared.standalone_question},
+                    {"role": "assistant", "content": result.text}]
+        previous = prepared
+    return turns
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def summarize(sessions: Sequence[dict]) -> dict:
+    """Medians per run (cache off, on) for turn 1 ("first") and turns 2+ ("later"), the on/off
+    ratios of the medians, the mean snippet recall, and whether every answer was identical."""
+    turns = [t for s in sessions for t in s["turns"]]
+    compared = all(t["identical"] is not None for t in turns)
+    out: dict = {"sessions": len(sessions), "turns": len(turns),
+                 "all_identical": all(t["identical"] for t in turns) if compared else None,
+                 "not_identical": [t["id"] for t in turns if t["identical"] is False]}
+    caches = ("off", "on") if compared else ("on",)
+    for part, chosen in (("first", [t for t in turns if t["turn"] == 1]),
+                         ("later", [t for t in turns if t["turn"] > 1])):
+        row: dict = {"turns": len(chosen)}
+        for cache in caches:
+            runs = [t[cache] for t in chosen]
+            recalls = [r["recall"] for r in runs if r["recall"] is not None]
+            row[cache] = {key: _median([r[key] for r in runs]) for key in
+                          ("ttft_seconds", "seconds", "cached_share", "shared_prefix_tokens",
+                           "prompt_tokens", "new_tokens")}
+            row[cache]["mean_recall"] = sum(recalls) / len(recalls) if recalls else None
+        for key in ("ttft_seconds", "seconds"):
+            off, on = row["off"][key] if compared else None, row["on"][key]
+            row[f"{key}_on_over_off"] = on / off if off and on is not None else None
+        out[part] = row
+    return out
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def results(command: str, commit: str, machine: str, run: dict, previous: dict | None = None) -> dict:
+    """The results file: {"command", "commit", "machine", "runs"}, `run` appended to `previous`
+    (a file of the same command) when given."""
+    if previous and previous.get("command") == command and isinstance(previous.get("runs"), list):
+        return {**previous, "commit": commit, "runs": [*previous["runs"], run]}
+    return {"command": command, "commit": commit, "machine": machine, "runs": [run]}
+
+
+def prompt_read() -> str:
+    """How prompts are read in this process, the fact the cache's exactness rests on."""
+    from ragspec.decoding.packed import PAGES_ENV, prefill_precision, reads_in_pages
+
+    pages = f", {PAGES_ENV}=1" if reads_in_pages() else ""
+    return f"{prefill_precision()}{pages}"
+
+
+def load_now() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def commit() -> str:
+    """The checkout's commit, "-dirty" when tracked files differ from it ("unknown" outside a
+    git checkout)."""
+    import subprocess
+    from pathlib import Path
+
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                              cwd=Path(__file__).resolve().parent, capture_output=True,
+                              text=True, check=False, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
+def format_summary(run: dict) -> str:
+    """A few lines for a terminal: medians per part and cache, identity."""
+    s = run["summary"]
+    lines = [f"{run['model']} on {run['device']}, prompt read {run['prompt_read']}, order "
+             f"{run['order']}: {s['sessions']} sessions, {s['turns']} turns, "
+             f"{run['max_new_tokens']} new tokens at most, load {run['load_before']}"]
+    for part, name in (("first", "turn 1"), ("later", "turns 2+")):
+        row = s[part]
+        for cache in ("off", "on"):
+            r = row.get(cache)
+            if r is None or r["ttft_seconds"] is None:
+                continue
+            recall = "-" if r["mean_recall"] is None else f"{r['mean_recall']:.3f}"
+            lines.append(f"  {name:8} cache {cache:3}  first token {r['ttft_seconds']:.3f} s  "
+                         f"answer {r['seconds']:.3f} s  cached {r['cached_share']:.0%}  "
+                         f"recall {recall}")
+    if s["all_identical"] is None:
+        lines.append("no run without the cache: identity not checked")
+    else:
+        lines.append("every answer identical to its run without the cache" if s["all_identical"]
+                     else f"answers that differ without the cache: {', '.join(s['not_identical'])}")
+    return "\n".join(lines)
