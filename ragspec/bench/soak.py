@@ -171,14 +171,14 @@ def session_labels(j: int, first: str, follow_up: str) -> tuple[str, str]:
     return f"[session {j}, turn 1] {first}", f"[session {j}, turn 2] {follow_up}"
 
 
-def bad_key_replies(url: str, question: str) -> list[tuple[str, int, bool]]:
-    """(what was sent, status, is an OpenAI error object) of a request with no key and one
+def bad_key_replies(url: str, question: str) -> list[tuple[int, bool, str]]:
+    """(status, is an OpenAI error object, what was sent) of a request with no key and one
     with a wrong key, each on its own connection."""
     out = []
     for kind, headers in (("no key", {}), ("wrong key", {"Authorization": "Bearer rs_not_a_key"})):
         reply = httpx.post(url + CHAT, json=_body(question, 8, False), headers=headers,
                            timeout=120)
-        out.append((kind, reply.status_code, _is_error(reply)))
+        out.append((reply.status_code, _is_error(reply), kind))
     return out
 
 
@@ -292,32 +292,29 @@ class Soak:
             start += seconds
 
     def send_bad_keys(self, url: str, question: str) -> None:
-        start = self.now()
-        try:
-            replies = bad_key_replies(url, question)
-        except httpx.HTTPError as exc:
-            with self.lock:
-                self.auth_bad.append({"error": f"{exc.__class__.__name__}: {exc}"[:300]})
-            return
-        for kind, status, is_error in replies:
-            self.record(Call("bad_key", start, self.now() - start, status))
-            if not (status == 401 and is_error):
-                with self.lock:
-                    self.auth_bad.append({"kind": kind, "status": status})
+        self.expect_errors("bad_key", lambda: bad_key_replies(url, question),
+                           lambda status: status == 401, self.auth_bad)
 
     def send_malformed(self, http: httpx.Client, url: str, batch) -> None:
+        self.expect_errors("malformed", lambda: malformed_batch(http, url, batch),
+                           lambda status: 400 <= status < 500, self.malformed_bad)
+
+    def expect_errors(self, kind: str, send, status_ok, bad: list[dict]) -> None:
+        """Requests that must each be refused: send() gives (status, is an OpenAI error object,
+        what was sent) of each; each is recorded as a call of `kind`, and one with a status
+        status_ok refuses, or without an error object, goes into `bad`."""
         start = self.now()
         try:
-            results = malformed_batch(http, url, batch)
+            results = send()
         except httpx.HTTPError as exc:
             with self.lock:
-                self.malformed_bad.append({"error": f"{exc.__class__.__name__}: {exc}"[:300]})
+                bad.append({"error": f"{exc.__class__.__name__}: {exc}"[:300]})
             return
-        for status, is_error, kind in results:
-            self.record(Call("malformed", start, self.now() - start, status))
-            if not (400 <= status < 500 and is_error):
+        for status, is_error, what in results:
+            self.record(Call(kind, start, self.now() - start, status))
+            if not (status_ok(status) and is_error):
                 with self.lock:
-                    self.malformed_bad.append({"kind": kind, "status": status})
+                    bad.append({"kind": what, "status": status})
 
     def sample_rss(self, stop: threading.Event) -> None:
         """The server's RSS, and beside it the bytes its prompt cache holds (a bounded part of
