@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ragspec.bench.provenance import commit, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 _STARTED_LOAD = os.getloadavg()
@@ -29,27 +30,6 @@ def out_option(parser) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="append this run to a results file (JSON: command, commit, machine, "
                              "runs); e.g. docs/results/NAME.json")
-
-
-def commit() -> str:
-    """The checkout's commit (short), with '+changes' when the tree differs from it."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              check=False).stdout.strip()
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def machine() -> str:
-    """The CPU in words: model name, family/model, cores, and the flags the kernels choose by."""
-    from ragspec import cpuinfo
-
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-    have = [f for f in wanted if f in cpuinfo.flags()]
-    hypervisor = " under a hypervisor" if "hypervisor" in cpuinfo.flags() else ""
-    return (f"{cpuinfo.field('model name') or 'unknown CPU'} (family {cpuinfo.field('cpu family')} "
-            f"model {cpuinfo.field('model')}){hypervisor}, {os.cpu_count()} cores, "
-            f"{' '.join(have) or 'no AVX2'}")
 
 
 def add_run(out: Path | None, result: dict, argv: list[str] | None = None) -> None:

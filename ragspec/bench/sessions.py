@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ragspec.bench.questions import Question
+from ragspec.decoding.detokenize import common_prefix
 from ragspec.eval.quality import snippet_recall
 
 ORDERS = ("keep", "rank")  # keep_places on, off (ragspec.pipeline)
@@ -118,7 +119,7 @@ def ask_session(pipeline, session: Session, config) -> list[dict]:
         end = time.perf_counter()
         stats = result.stats
         prompt = prepared.prompt_ids
-        shared = 0 if previous is None else _common_prefix(previous.prompt_ids, prompt)
+        shared = 0 if previous is None else common_prefix(previous.prompt_ids, prompt)
         turns.append({
             "id": q.id, "turn": n, "token_ids": list(result.token_ids),
             "ttft_seconds": (first if first is not None else end) - start,
@@ -137,15 +138,6 @@ def ask_session(pipeline, session: Session, config) -> list[dict]:
                     {"role": "assistant", "content": result.text}]
         previous = prepared
     return turns
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def summarize(sessions: Sequence[dict]) -> dict:
@@ -196,21 +188,6 @@ def prompt_read() -> str:
 
 def load_now() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def commit() -> str:
-    """The checkout's commit, "-dirty" when tracked files differ from it ("unknown" outside a
-    git checkout)."""
-    import subprocess
-    from pathlib import Path
-
-    try:
-        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
-                              cwd=Path(__file__).resolve().parent, capture_output=True,
-                              text=True, check=False, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return done.stdout.strip() or "unknown"
 
 
 def format_summary(run: dict) -> str:

@@ -164,7 +164,7 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
     import tempfile
     import time
 
-    from ragspec import cpuinfo
+    from ragspec.bench import provenance
     from ragspec.bench.prepare import ingest_corpus
     from ragspec.decoding.types import GenerationConfig
     from ragspec.loading import describe_device, load_generator, open_store
@@ -198,12 +198,7 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
            "prompt_read": sessions_core.prompt_read(), "order": order, "cache_off_run": compare,
            "max_new_tokens": max_new_tokens, "questions": questions_file,
            "summary": sessions_core.summarize(ran), "sessions": ran, "failures": failures}
-    flags = [f for f in ("avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-             if f in cpuinfo.flags()]
-    machine = (f"{cpuinfo.field('model name') or 'unknown CPU'} (family "
-               f"{cpuinfo.field('cpu family')} model {cpuinfo.field('model')}), "
-               f"{os.cpu_count()} cores, {' '.join(flags) or 'no AVX-512 VNNI'}; "
-               f"{describe_device(loaded)}")
+    machine = f"{provenance.machine()}; {describe_device(loaded)}"
     command = "ragspec " + " ".join(sys.argv[1:]) if sys.argv else "ragspec bench --sessions"
     previous = None
     if out and os.path.exists(out):
@@ -212,7 +207,7 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
                 previous = json.load(fh)
         except (OSError, ValueError):
             previous = None
-    results = sessions_core.results(command, sessions_core.commit(), machine, run, previous)
+    results = sessions_core.results(command, provenance.commit(), machine, run, previous)
     if out:
         _write(out, lambda path: open(path, "w", encoding="utf-8").write(
             json.dumps(results, indent=1, ensure_ascii=False) + "\n"))

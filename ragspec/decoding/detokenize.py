@@ -17,6 +17,8 @@ ends in an incomplete character. Each call decodes a few tokens, whatever the ou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 _INCOMPLETE = "\ufffd"
 
 
@@ -47,7 +49,7 @@ class IncrementalDecoder:
         window = self._decode(self.ids[self._context :])
         if window.endswith(_INCOMPLETE) and not final:
             return ""  # a character is still incomplete: wait for more tokens
-        return self._emit(window[_common_prefix(context, window) :])
+        return self._emit(window[common_prefix(context, window) :])
 
     def _emit(self, delta: str) -> str:
         if not delta:
@@ -57,7 +59,8 @@ class IncrementalDecoder:
         return delta
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix(a: Sequence, b: Sequence) -> int:
+    """How many leading items two sequences share (characters, token ids)."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
