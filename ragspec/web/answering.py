@@ -123,7 +123,8 @@ class AnswerJob(Turn):
             runs = [{"label": r["label"], "spans": list(r["spans"])} for r in self.runs]
             return {"phase": self.phase, "ahead": ahead, "runs": runs, "error": self.error,
                     "passages": list(self.passages), "model": name, "model_loaded": loaded,
-                    "loading_s": self.models.loading_seconds(name), "bundled": bundled, "configs": len(self.settings.configs()), "note": self.note,
+                    "loading_s": self.models.loading_seconds(name), "bundled": bundled,
+                    "configs": len(self.settings.configs()), "note": self.note,
                     "refused": self.refused}
 
     # -- the work -------------------------------------------------------------------------------
