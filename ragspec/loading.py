@@ -49,14 +49,17 @@ def timing_prompt_cache() -> int | None:
 
 def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft: int = 16,
                   on_note: Callable[[str], None] | None = None, *,
-                  prompt_cache_bytes: int | None = None):
+                  prompt_cache_bytes: int | None = None, measure_later: bool = False):
     """The Generator for a LoadedModel, with this machine's forward-cost curve (measured on the
     first use of this model, device and dtype, within calibrate.MEASURE_SECONDS; cached in the
     model cache once trusted, measured again when live step times disagree with it). Until a
     trusted curve exists the generator works with calibrate.conservative_cost and measures again
     between generations. on_note(line): progress lines (measuring, and which curve is in use).
     prompt_cache_bytes: its prompt cache's budget (None: ragspec.decoding.prefix_cache
-    .budget_bytes, 0: off)."""
+    .budget_bytes, 0: off). measure_later: with no curve cached, answer first with the
+    conservative curve and measure after the first generation (its owner's
+    recalibrate_if_due, within the same bound) instead of before it: what a user's first
+    question should wait for is its answer."""
     from ragspec.decoding import calibrate
     from ragspec.decoding.engine import Generator
 
@@ -71,18 +74,27 @@ def generator_for(loaded, cache_dir: str | os.PathLike | None = None, max_draft:
             bound = f"at most {seconds:.0f} s" if seconds is not None else "no time limit"
             on_note(f"Measuring this machine's forward cost once ({bound})...")
 
+    def recalibrate():
+        fresh = calibrate.measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes,
+                                           cache, seconds=calibrate.MEASURE_SECONDS)
+        return fresh.cost if fresh is not None and fresh.trusted else None
+
+    if measure_later and calibrate.cached(loaded.model, loaded.device, loaded.dtype, cache,
+                                          sizes) is None:
+        if on_note is not None:
+            on_note("This machine's forward cost is not measured yet: this answer drafts "
+                    "little (a conservative curve); it is measured after the answer.")
+        gen = Generator.from_loaded(loaded, cost=calibrate.conservative_cost(sizes),
+                                    recalibrate=recalibrate, provisional=True,
+                                    prompt_cache_bytes=prompt_cache_bytes)
+        gen.measure_after_first()
+        return gen
     curve = calibrate.load_or_measure(loaded.model, loaded.device, loaded.dtype, sizes, cache,
                                       seconds=calibrate.MEASURE_SECONDS, on_measure=measuring)
     if curve is None:  # a benchmark that switched the measurement off (benchmarks/replay.py)
         return Generator.from_loaded(loaded, prompt_cache_bytes=prompt_cache_bytes)
     if curve.note and on_note is not None:
         on_note(curve.note)
-
-    def recalibrate():
-        fresh = calibrate.measure_and_save(loaded.model, loaded.device, loaded.dtype, sizes,
-                                           cache, seconds=calibrate.MEASURE_SECONDS)
-        return fresh.cost if fresh is not None and fresh.trusted else None
-
     return Generator.from_loaded(loaded, cost=curve.cost, recalibrate=recalibrate,
                                  provisional=not curve.trusted,
                                  prompt_cache_bytes=prompt_cache_bytes)

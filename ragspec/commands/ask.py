@@ -11,9 +11,11 @@ from ragspec.citations import Citer
 from ragspec.commands.common import (
     build_config,
     draft_options,
+    finish_measuring,
     generator_from_options,
     generator_option,
     index_option,
+    measuring_later,
     min_score_option,
     model_options,
     open_store,
@@ -85,7 +87,9 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
         _print_refusal(retrieval, as_json)
         return
     loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json,
-                                         weights=weights, generator_url=generator_url)
+                                         weights=weights, generator_url=generator_url,
+                                         measure_later=True)
+    measure_after = measuring_later(gen)  # a first run: the answer first, the measurement after
 
     from ragspec.pipeline import PipelineConfig
     from ragspec.remote import pipeline_for
@@ -125,6 +129,8 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
         raise click.ClickException(printable(str(exc))) from exc
     except RuntimeError as exc:  # a generation that failed in the scheduler
         raise click.ClickException(str(exc)) from exc
+    if measure_after:
+        finish_measuring(gen, scheduler, quiet=as_json)
 
 
 def _print(question, prepared, streams, model_name, retrieval, as_json, greedy, citer) -> None:

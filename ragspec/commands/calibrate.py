@@ -13,6 +13,12 @@ from ragspec.commands.common import json_option, model_options
 @click.command("calibrate")
 @click.option("--show", is_flag=True,
               help="Print the cached curve and where it came from; measure nothing.")
+@click.option("--if-missing", is_flag=True,
+              help="Get this machine ready for the model (what `make demo` runs before the "
+                   "chat): build the CPU kernels and convert the model if not done yet, then "
+                   "measure only if no curve is cached, within 20 s. A machine too busy to "
+                   "measure is not an error: answers use a conservative curve until it is "
+                   "measured.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",
               type=click.Path(dir_okay=False), help="Also draw the curve into a PNG.")
 @click.option("--max-draft", default=16, show_default=True, type=click.IntRange(1, 64),
@@ -23,8 +29,8 @@ from ragspec.commands.common import json_option, model_options
                    "of enough rounds is shown but not cached.")
 @model_options
 @json_option
-def calibrate(show, plot_path, max_draft, max_seconds, model_spec, device, exact, weights,
-              as_json):
+def calibrate(show, if_missing, plot_path, max_draft, max_seconds, model_spec, device, exact,
+              weights, as_json):
     """Measure what a forward over n new tokens costs here, for the draft policy.
 
     A verify step over a draft of k tokens is a forward over k + 1 tokens; on a CPU it costs
@@ -38,6 +44,12 @@ def calibrate(show, plot_path, max_draft, max_seconds, model_spec, device, exact
     from ragspec.models.load import ModelNotFound, load_model
 
     cache = paths.models_dir()
+    if if_missing:
+        if show or plot_path:
+            raise click.UsageError("--if-missing measures at most once: it takes neither "
+                                   "--show nor --plot")
+        _get_ready(model_spec, device, exact, weights, max_draft, as_json)
+        return
     try:
         loaded = load_model(model_spec, cache, device=device, exact=exact, weights=weights)
     except ModelNotFound as exc:
@@ -68,6 +80,26 @@ def calibrate(show, plot_path, max_draft, max_seconds, model_spec, device, exact
                                **calibration.to_dict()}))
         return
     _print(calibration, key, cache / cal.COSTS_FILE, saved)
+
+
+def _get_ready(model_spec, device, exact, weights, max_draft: int, as_json: bool) -> None:
+    """Load the model as every command does (kernels built and the model converted once, each
+    with a line), measuring the curve within the product's bound only when none is cached."""
+    from ragspec.commands.common import generator_from_options
+    from ragspec.decoding import calibrate as cal
+    from ragspec.loading import describe_device
+
+    loaded, gen = generator_from_options(model_spec, device, exact, max_draft, quiet=as_json,
+                                         weights=weights)
+    measured = not getattr(gen, "provisional", False)
+    if as_json:
+        click.echo(json.dumps({"model": loaded.name, "device": describe_device(loaded),
+                               "key": cal.cost_key(loaded.model, loaded.device, loaded.dtype),
+                               "curve_cached": measured}))
+        return
+    curve = ("its forward-cost curve is measured" if measured else
+             "its forward-cost curve is not measured yet (answers draft little until it is)")
+    click.echo(f"Ready: {loaded.name} on {describe_device(loaded)}; {curve}.")
 
 
 def _print(calibration, key: str, path, saved: bool) -> None:

@@ -153,11 +153,13 @@ def build_config(max_new_tokens, temperature, top_p, top_k, seed, no_spec, no_ad
 def generator_from_options(model_spec: str | None, device: str | None = None, exact: bool = False,
                            max_draft: int = 16, quiet: bool = False, weights: str = "auto",
                            generator_url: str | None = None,
-                           prompt_cache_bytes: int | None = None):
+                           prompt_cache_bytes: int | None = None, measure_later: bool = False):
     """Load as ragspec.loading.load_generator does, with progress notes on stderr and errors as one
     clear line.
     A model that cannot speculate (its layers cannot be rolled back) is said so once.
-    generator_url: connect to that server instead (ragspec.remote); --model must be unset."""
+    generator_url: connect to that server instead (ragspec.remote); --model must be unset.
+    measure_later: as for ragspec.loading.generator_for (the caller then runs
+    `finish_measuring` after its answer)."""
     if generator_url is not None:
         from ragspec.remote import RemoteGeneratorError, connect
 
@@ -192,7 +194,37 @@ def generator_from_options(model_spec: str | None, device: str | None = None, ex
         click.echo(loaded.speculation_note, err=True)
     note = None if quiet else (lambda line: click.echo(line, err=True))
     return loaded, generator_for(loaded, cache, max_draft, on_note=note,
-                                 prompt_cache_bytes=prompt_cache_bytes)
+                                 prompt_cache_bytes=prompt_cache_bytes,
+                                 measure_later=measure_later)
+
+
+def measuring_later(gen) -> bool:
+    """True when `gen` (from a measure_later load) has no measured curve yet: the caller runs
+    `finish_measuring` after its answer. Ask before the first generation (the scheduler may
+    begin the measurement itself right after it)."""
+    return bool(getattr(gen, "provisional", False) and getattr(gen, "recalibration_due", False))
+
+
+def finish_measuring(gen, scheduler=None, quiet: bool = False) -> None:
+    """After a command's answer is out: measure the forward-cost curve that `measuring_later`
+    said is missing (within calibrate.MEASURE_SECONDS, overrun by at most one forward), so
+    the next run has it; a line before and one after. The scheduler the answer ran on closes
+    first: it begins the measurement itself between generations, and it is waited for."""
+    from ragspec.decoding import calibrate
+
+    if not quiet:
+        click.echo(f"Measuring this machine's forward cost for the next runs (at most "
+                   f"{calibrate.MEASURE_SECONDS:.0f} s)...", err=True)
+    if scheduler is not None:
+        scheduler.close(timeout=4 * calibrate.MEASURE_SECONDS)
+    gen.recalibrate_if_due()  # nothing to do when the scheduler measured, trusted or not
+    if quiet:
+        return
+    if gen.provisional:
+        click.echo("The machine was too busy to measure it: the next run tries again (or run "
+                   "`ragspec calibrate` when the machine is idle).", err=True)
+    else:
+        click.echo(f"Measured; cached in {paths.models_dir() / calibrate.COSTS_FILE}.", err=True)
 
 
 def open_store(index: str | None, *, with_embedder: bool = True,

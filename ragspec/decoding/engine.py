@@ -215,6 +215,14 @@ class Generator:
                 self.recalibration_due = True
         return self.recalibration_due
 
+    def measure_after_first(self) -> None:
+        """For a provisional curve nobody has tried to measure yet (the owner chose to answer
+        first): the owner's next `recalibrate_if_due`, after the first generation, measures
+        without waiting RETRY_SECONDS."""
+        if self.provisional:
+            self.recalibration_due = True
+            self._retry_at = self.retry_clock()
+
     def recalibrate_if_due(self) -> bool:
         """Re-measure the curve if `review_cost` said so: call it between generations (a chat
         worker after a turn, a command after printing), never while one is timed. True when

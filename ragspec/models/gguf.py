@@ -14,6 +14,11 @@ Hashing a multi-GB file takes seconds, so the hash is remembered per (path, size
 a second process asking for the same file waits, then finds the folder made; each converter
 writes into its own temporary folder and renames it into place, so a crash or a concurrent run
 never leaves or deletes a half-written folder.
+
+A conversion reads the file's header once (`parsed_once`): transformers builds the tokenizer and
+the config from a GGUF file by parsing it again each time, and the packed weights need a third
+parse, each walking every vocabulary entry (a third of the bundled model's conversion), and it
+maps tensor names per module (another third).
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import os
 import re
 import shutil
 import struct
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -254,14 +261,49 @@ def _os_code(exc: Exception) -> int | None:
     return int(found.group(1)) if found else None
 
 
+_once_lock = threading.RLock()
+
+
+@contextmanager
+def parsed_once() -> Iterator[None]:
+    """While open (one thread at a time), `gguf.GGUFReader(path)` gives one reader per file and
+    `gguf.get_tensor_name_map(arch, blocks)` one map per pair, to every caller that imports them
+    from the `gguf` package at call time (transformers' GGUF loading does, as ragspec's): the
+    same values, read or built once. Readers are read-only memory maps; the maps are only
+    looked up."""
+    import functools
+
+    import gguf as package
+
+    with _once_lock:
+        make_reader, make_map = package.GGUFReader, package.get_tensor_name_map
+        readers: dict = {}
+
+        def reader(path, mode: str = "r"):
+            key = (str(Path(path).resolve()), mode)
+            if key not in readers:
+                readers[key] = make_reader(path, mode)
+            return readers[key]
+
+        package.GGUFReader, package.get_tensor_name_map = reader, functools.cache(make_map)
+        try:
+            yield
+        finally:
+            package.GGUFReader, package.get_tensor_name_map = make_reader, make_map
+
+
 def convert_locked(gguf: Path, target: Path, on_convert: Callable[[Path], None] | None = None,
                    packed: bool = False) -> bool:
     """Make `target` from `gguf` unless it exists; True when this call converted it.
     on_convert(gguf) is called once the conversion really starts (to tell the user).
     packed: make a packed model's folder rather than a de-quantised one."""
     save = _save_packed if packed else _save_dequantised
-    return make_locked(target, lambda out: save(gguf, out),
-                       None if on_convert is None else lambda: on_convert(gguf))
+
+    def make(out: Path) -> None:
+        with parsed_once():
+            save(gguf, out)
+
+    return make_locked(target, make, None if on_convert is None else lambda: on_convert(gguf))
 
 
 def gguf_folder(path: Path | str, cache_dir: Path | str,

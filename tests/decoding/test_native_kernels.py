@@ -253,6 +253,26 @@ def test_the_prefetch_distance_is_compiled_from_the_cpus_maker(tmp_path, monkeyp
     assert keys["AuthenticAMD"] != keys["GenuineIntel"]
 
 
+def test_every_data_folder_shares_one_kernel_build(tmp_path, monkeypatch):
+    """The build depends on the machine, not on RAGSPEC_HOME or the model cache: two homes (a
+    checkout's .ragspec-home and a plain shell's ~/.ragspec) find the same folder, in the user's
+    cache folder, so a new home never compiles again; RAGSPEC_KERNELS_DIR moves it."""
+    from ragspec import paths
+
+    monkeypatch.delenv(native.KERNELS_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folders = set()
+    for home in ("one", "two"):
+        monkeypatch.setenv(paths.ENV_VAR, str(tmp_path / home))
+        folders.add(native.build_folder(paths.models_dir()))
+    assert folders == {tmp_path / "cache" / "ragspec" / "kernels" / native.build_key()}
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert native.build_folder().parent == tmp_path / "user" / ".cache" / "ragspec" / "kernels"
+    monkeypatch.setenv(native.KERNELS_ENV, str(tmp_path / "elsewhere"))
+    assert native.build_folder(tmp_path / "one").parent == tmp_path / "elsewhere"
+
+
 def test_a_killed_builds_mark_does_not_make_the_next_build_wait_forever(tmp_path, monkeypatch):
     """torch waits while its "lock" file is in the build folder; a build killed half way leaves
     it. The next build (under ragspec's own lock, which a dead holder releases) removes it

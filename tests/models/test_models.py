@@ -256,6 +256,29 @@ def write_gguf(path: Path, arch: str, qtype, row_bytes: int) -> Path:
     return path
 
 
+def test_a_conversion_parses_a_gguf_file_once_and_builds_each_name_map_once(tmp_path):
+    """Inside parsed_once, every `from gguf import GGUFReader` caller (transformers' tokenizer
+    and config loading, the packed weights) gets the one reader of a file, and the tensor name
+    map is built once per (architecture, blocks); outside it, gguf's own functions are back."""
+    from ragspec.models.gguf import parsed_once
+
+    one = write_gguf(tmp_path / "one.gguf", "llama", gguf.GGMLQuantizationType.Q8_0, 34)
+    two = write_gguf(tmp_path / "two.gguf", "llama", gguf.GGMLQuantizationType.Q8_0, 34)
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with parsed_once():
+        from gguf import GGUFReader, get_tensor_name_map
+
+        first = GGUFReader(one)
+        assert GGUFReader(str(one)) is first and GGUFReader(two) is not first
+        assert [t.name for t in first.tensors] == ["token_embd.weight"]
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert get_tensor_name_map(arch, 2) is get_tensor_name_map(arch, 2)
+        assert get_tensor_name_map(arch, 2).get_name("blk.1.attn_q") == \
+            name_map(arch, 2).get_name("blk.1.attn_q")
+    assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
+    assert gguf.GGUFReader(one) is not gguf.GGUFReader(one)
+
+
 def bundled_gguf() -> Path:
     from ragspec.models.load import bundled_gguf_path
 

@@ -11,10 +11,12 @@ reports (AVX2/FMA/F16C and, where present, AVX-512, VNNI and AMX), never assumed
 of 65 rows or more can run on AMX where the CPU and Linux allow it (`RAGSPEC_AMX=1`; off by
 default, as it measured slower than the bf16 prompt path at three of four shapes on one Xeon);
 the values are the VNNI kernel's, bit for bit (amx.h). The build is
-cached under `cache_dir/kernels/<key>` (or `$RAGSPEC_KERNELS_DIR/<key>`), the key covering the
-sources, the compiler, torch's version and the CPU's model and flags, so a copied cache on
-another machine is rebuilt rather than run. Builds take a file lock (two first runs at once build once); a build takes about a
-minute of one core.
+cached under `ragspec.paths.kernels_dir()/<key>` (`$RAGSPEC_KERNELS_DIR`, else the user's cache
+folder, shared by every RAGSPEC_HOME), the key covering the sources, the compiler, torch's
+version and the CPU's model and flags, so a copied cache on another machine is rebuilt rather
+than run. Builds take a file lock (two first runs at once build once); a build takes about a
+minute on an idle 2-core machine. The `cache_dir` the functions take is the model cache they
+serve; it no longer decides where the build goes.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ragspec import cpuinfo
+from ragspec import cpuinfo, paths
 
 NAME = "ragspec_kernels"
 SOURCES = ("qmatmul.cpp", "attention.cpp", "step.cpp", "amx.cpp", "argmax.cpp")
@@ -99,13 +101,14 @@ def build_key() -> str:
     return digest.hexdigest()[:16]
 
 
-KERNELS_ENV = "RAGSPEC_KERNELS_DIR"
+KERNELS_ENV = paths.KERNELS_ENV
 TORCH_BATON = "lock"  # torch.utils.cpp_extension's mark of a build in progress, in the folder
 
 
-def build_folder(cache_dir: Path | str) -> Path:
-    root = os.environ.get(KERNELS_ENV) or Path(cache_dir) / "kernels"
-    return Path(root) / build_key()
+def build_folder(cache_dir: Path | str | None = None) -> Path:
+    """This machine's build: paths.kernels_dir()/<build_key()> (cache_dir is not used: the
+    kernels are shared by every model cache and data folder)."""
+    return paths.kernels_dir() / build_key()
 
 
 def _build(cache_dir: Path) -> None:

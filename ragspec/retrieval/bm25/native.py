@@ -19,8 +19,8 @@ other on the 103 questions (docs/changelog.md, "keyword MaxScore wholly in C").
 
 The source (bm25_native.c) is compiled with the system C compiler (`$CC`, else `cc`) with -O3,
 -march=native and -ffp-contract=off (no fused multiply-add, so no rounding differs from
-numpy's), into `$RAGSPEC_KERNELS_DIR` (where the generator's kernels go too) or
-`$RAGSPEC_HOME/kernels`, under a name that covers the source, the compiler and the CPU, so a
+numpy's), into ragspec.paths.kernels_dir() (where the generator's kernels go too, shared by
+every RAGSPEC_HOME), under a name that covers the source, the compiler and the CPU, so a
 copied cache for another machine is rebuilt, not run. RAGSPEC_NATIVE_BM25=0 keeps numpy.
 """
 
@@ -54,7 +54,7 @@ _loaded: list = []  # [Native | None] once tried
 
 
 def _folder() -> Path:
-    return Path(os.environ.get("RAGSPEC_KERNELS_DIR") or paths.home() / "kernels")
+    return paths.kernels_dir()
 
 
 def _cpu() -> str:
