@@ -183,8 +183,9 @@ def generator_from_options(model_spec: str | None, device: str | None = None, ex
                        f"files)...", err=True)
 
     if not quiet and weights != "fp32" and native.needs_build(cache):
-        click.echo("Building ragspec's CPU kernels for this machine once (about a minute)...",
-                   err=True)
+        click.echo(f"Building ragspec's CPU kernels for this machine once, into "
+                   f"{native.build_folder().parent} (1-2 minutes on an idle 2-core machine, "
+                   f"several when it is busy)...", err=True)
     try:
         loaded = load_model(model_spec, cache, device=device, exact=exact, weights=weights,
                             on_convert=converting)
