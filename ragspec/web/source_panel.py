@@ -70,22 +70,31 @@ div[data-testid="stColumn"]:has(.rs-source-view) {
 
 # Scrolls the pane (a zoomed page, or the text around a passage) to the element marked
 # rs-focus: centred when it fits in the pane, else its start at the pane's top left, so the
-# reader never has to hunt for the passage. The comment names what is open, so Streamlit runs
-# the script again when any of it changes (the same text would not run again).
-FOCUS = """<script>/* %s */
+# reader never has to hunt for the passage. `data-view` names what is open (message, passage,
+# page, zoom): the script waits for that view's mark (the markup it belongs to can reach the
+# browser after it, and an earlier view's mark may still be there), and Streamlit runs it
+# again whenever the name changes (the same text would not run again).
+FOCUS = """<script>
 (() => {  // a scope of its own: Streamlit runs this again in the same page
-const focus = document.querySelector(".rs-focus");
-const pane = focus && focus.closest(".rs-scroll, .rs-source-text");
-if (!pane) return;
+const view = "%s";
 const shift = (start, size, paneStart, paneSize) => size <= 0.9 * paneSize
   ? start + size / 2 - (paneStart + paneSize / 2) : start - paneStart - 0.05 * paneSize;
-const go = () => {
-  const p = pane.getBoundingClientRect(), b = focus.getBoundingClientRect();
-  pane.scrollLeft += shift(b.left, b.width, p.left + pane.clientLeft, pane.clientWidth);
-  pane.scrollTop += shift(b.top, b.height, p.top + pane.clientTop, pane.clientHeight);
+const find = (tries) => {
+  const focus = document.querySelector(`.rs-focus[data-view="${view}"]`);
+  const pane = focus && focus.closest(".rs-scroll, .rs-source-text");
+  if (!pane) {
+    if (tries > 0) setTimeout(() => find(tries - 1), 100);
+    return;
+  }
+  const go = () => {
+    const p = pane.getBoundingClientRect(), b = focus.getBoundingClientRect();
+    pane.scrollLeft += shift(b.left, b.width, p.left + pane.clientLeft, pane.clientWidth);
+    pane.scrollTop += shift(b.top, b.height, p.top + pane.clientTop, pane.clientHeight);
+  };
+  const img = pane.querySelector("img");  // positions are known once the picture has its size
+  img ? img.decode().then(go, go) : requestAnimationFrame(go);
 };
-const img = pane.querySelector("img");  // positions are known once the picture has its size
-img ? img.decode().then(go, go) : requestAnimationFrame(go);
+find(100);
 })();
 </script>"""
 
@@ -133,8 +142,7 @@ def show(store, chat_id: str, record: dict | None, message: int, passage: int,
     if source.is_pdf and cited.page is not None:
         _show_pdf(store, source, chat_id, message, passage, passages, spans, page or cited.page)
     else:
-        _show_text(source, cited, copied_ranges(spans).get(passage, []),
-                   f"{message}-{passage}")
+        _show_text(source, cited, copied_ranges(spans).get(passage, []), f"{message}-{passage}")
     st.download_button(f"Download {source.name}", data=source.data, file_name=source.name,
                        key=f"download-{message}-{passage}")
 
@@ -187,16 +195,16 @@ def _show_pdf(store, source, chat_id, message, passage, passages, spans, page) -
     overlay = "".join(
         f'<div class="rs-box {kind}" data-box="{",".join(f"{v:.2f}" for v in box)}" '
         f'style="{_placed(r)}"></div>' for (kind, box), r in zip(boxes, rects, strict=True))
+    view = f"{message}-{passage} page {page} zoom {zoom}"
     if focus:
         where = _union(image_rects(rendered, focus))
-        overlay += f'<div class="rs-focus" style="{_placed(where)}"></div>'
+        overlay += f'<div class="rs-focus" data-view="{view}" style="{_placed(where)}"></div>'
     st.markdown(f'<div class="rs-scroll"><div class="rs-page" data-page="{page}" '
                 f'data-zoom="{zoom}" style="width:{zoom}%"><img alt="page {page}" '
                 f'src="data:image/png;base64,{image}">{overlay}</div></div>',
                 unsafe_allow_html=True)
     if focus:
-        st.html(FOCUS % f"{message}-{passage}, page {page}, zoom {zoom}",
-                unsafe_allow_javascript=True)
+        st.html(FOCUS % view, unsafe_allow_javascript=True)
     if unknown:
         st.caption("This index holds no character positions for this document (it was "
                    "ingested before they were kept): run `ragspec ingest` on it again to see "
@@ -246,7 +254,7 @@ def _gaps(ranges, length: int) -> list[tuple[int, int]]:
     return out
 
 
-def _show_text(source, cited, copied, label: str) -> None:
+def _show_text(source, cited, copied, view: str) -> None:
     try:
         text, begin = text_window(source, cited)
     except (SourceError, ValueError) as exc:
@@ -262,14 +270,14 @@ def _show_text(source, cited, copied, label: str) -> None:
         piece = rd.escape_text(text[a:b])
         if any(s <= a and b <= e for s, e in marks):
             # the text opens at the first copy (FOCUS), as a PDF's pane does
-            focus = " rs-focus" if a == marks[0][0] else ""
-            piece = (f'<mark class="rs-draft{focus}" '
-                     f'style="background:{rd.DRAFT_COLOUR}">{piece}</mark>')
+            kind = f'rs-draft rs-focus" data-view="{view}' if a == marks[0][0] else "rs-draft"
+            piece = f'<mark class="{kind}" style="background:{rd.DRAFT_COLOUR}">{piece}</mark>'
         if start <= a and b <= end:
             piece = f'<span class="rs-shade">{piece}</span>'
         (before if b <= start else after if a >= end else inside).append(piece)
-    whole = "" if marks else " rs-focus"  # nothing copied: it opens at the passage itself
+    # nothing copied: it opens at the passage itself
+    kind = "rs-cited" if marks else f'rs-cited rs-focus" data-view="{view}'
     st.markdown(f'<div class="rs-source-text" id="rs-source">{"".join(before)}'
-                f'<span class="rs-cited{whole}">{"".join(inside)}</span>{"".join(after)}'
-                f'</div>', unsafe_allow_html=True)
-    st.html(FOCUS % label, unsafe_allow_javascript=True)
+                f'<span class="{kind}">{"".join(inside)}</span>{"".join(after)}</div>',
+                unsafe_allow_html=True)
+    st.html(FOCUS % view, unsafe_allow_javascript=True)

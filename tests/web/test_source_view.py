@@ -139,7 +139,7 @@ def _placed(markup: str, kind: str) -> list[list[float]]:
     drawn over it."""
     number = r"([-\d.]+)%;"
     return [[float(v) for v in m] for m in re.findall(
-        rf'class="{kind}"(?: data-box="[^"]*")? style="left:{number}top:{number}'
+        rf'class="{kind}"[^>]*? style="left:{number}top:{number}'
         rf'width:{number}height:([-\d.]+)%"', markup)]
 
 
