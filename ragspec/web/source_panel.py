@@ -10,7 +10,8 @@ record, M, P, page)`:
     index, or a path, finds nothing (ragspec.source_pages.open_source);
   * a PDF: the page rendered by PDFium as wide as the panel, or `ZOOMS` percent of it in a
     scrolled pane that opens at the clicked passage (`focus`: its first copied box, or, when
-    the answer copied nothing of it, the passage's own region); the characters the answer
+    the answer copied nothing of it, the passage's own region less stray specks such as a
+    page number); the characters the answer
     copied from any passage of that page boxed (class rs-copied; `data-box` holds the
     PDF-space box), the rest of the clicked passage shaded (rs-shade), both translucent and
     blended so the letters under them stay dark; says so where boxes are not known or not
@@ -197,7 +198,7 @@ def _show_pdf(store, source, chat_id, message, passage, passages, spans, page) -
         f'style="{_placed(r)}"></div>' for (kind, box), r in zip(boxes, rects, strict=True))
     view = f"{message}-{passage} page {page} zoom {zoom}"
     if focus:
-        where = _union(image_rects(rendered, focus))
+        where = _union(_without_specks(image_rects(rendered, focus)))
         overlay += f'<div class="rs-focus" data-view="{view}" style="{_placed(where)}"></div>'
     st.markdown(f'<div class="rs-scroll"><div class="rs-page" data-page="{page}" '
                 f'data-zoom="{zoom}" style="width:{zoom}%"><img alt="page {page}" '
@@ -241,6 +242,14 @@ def _union(rects) -> list[float]:
     left, top = min(r[0] for r in rects), min(r[1] for r in rects)
     right, bottom = max(r[0] + r[2] for r in rects), max(r[1] + r[3] for r in rects)
     return [left, top, right - left, bottom - top]
+
+
+def _without_specks(rects) -> list[list[float]]:
+    """A passage's rects less the specks far smaller than its largest: a page number or a rule
+    of dots that a passage takes in at its end would stretch the region across the page (the
+    bzip2 manual's page 5: the "2" at its foot)."""
+    largest = max(r[2] * r[3] for r in rects)
+    return [r for r in rects if r[2] * r[3] >= 0.05 * largest]
 
 
 def _gaps(ranges, length: int) -> list[tuple[int, int]]:
