@@ -50,11 +50,13 @@ ZOOMS = (100, 150, 200, 300)  # percent of the panel's width; 100 = the page fit
 # the copied words legible: a translucent fill blended by `multiply` leaves dark glyphs dark
 # (a border or an opaque fill drawn over small print strikes it through), and the copied
 # characters get an underline drawn below their box, not over them. A text keeps its spaces
-# (pre-wrap): the indented answers and code of a plain-text document stay indented.
+# (pre-wrap): the indented answers and code of a plain-text document stay indented. A link of
+# the header wraps as a whole (in a narrow panel "next page" left its arrow on a line alone).
 STYLE = """<style>
 div[data-testid="stColumn"]:has(.rs-source-view) {
   position: sticky; top: 3.75rem; align-self: flex-start;
   max-height: calc(100vh - 11.5rem); overflow-y: auto; }
+.rs-source-head a { white-space: nowrap; }
 .rs-scroll { overflow: auto; max-height: calc(100vh - 22rem); border: 1px solid #ccc; }
 .rs-page { position: relative; isolation: isolate; }
 .rs-page img { width: 100%; display: block; }
