@@ -14,7 +14,8 @@ Contract:
   * `image_rects(rendered, boxes)`: boxes ([x0, y0, x1, y1], PDF user space) as [left, top,
     width, height] fractions of the image.
   * `text_window(source, passage, context)`: for a non-PDF document, the loaded text around a
-    passage: (text, start of the window in the document's text).
+    passage, whole lines of up to `context` characters either side: (text, start of the
+    window in the document's text).
 """
 
 from __future__ import annotations
@@ -153,6 +154,11 @@ def text_window(source: Source, passage, context: int = 1500) -> tuple[str, int]
     if text[passage.start : passage.start + len(passage.text)] != passage.text:
         raise SourceError(f"{source.name} reads differently now than when it was ingested; "
                           "ingest it again")
-    begin = max(0, passage.start - context)
-    end = min(len(text), passage.start + len(passage.text) + context)
+    stop = passage.start + len(passage.text)
+    begin, end = max(0, passage.start - context), min(len(text), stop + context)
+    # Whole lines: a window cut inside a line opens on a fragment of it ("png)").
+    if begin > 0 and (cut := text.find("\n", begin - 1, passage.start)) != -1:
+        begin = cut + 1
+    if end < len(text) and (cut := text.rfind("\n", stop, end + 1)) != -1:
+        end = cut
     return text[begin:end], begin

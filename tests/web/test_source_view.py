@@ -21,7 +21,14 @@ from ui_support import METRICS_DOC, fast_page, live_markup, new_session, settle,
 
 from ragspec.retrieval.faiss.store import PassageStore
 from ragspec.retrieval.ingest import ingest_paths
-from ragspec.source_pages import SourceError, image_rects, open_source, render_page
+from ragspec.source_pages import (
+    Source,
+    SourceError,
+    image_rects,
+    open_source,
+    render_page,
+    text_window,
+)
 
 pdfium = pytest.importorskip("pypdfium2")
 
@@ -127,6 +134,28 @@ def _boxes(markup: str, kind: str) -> list[list[float]]:
             for m in re.findall(rf'class="rs-box {kind}" data-box="([^"]+)"', markup)]
 
 
+def _placed(markup: str, kind: str) -> list[list[float]]:
+    """The [left, top, width, height] percentages of the page of each element of class `kind`
+    drawn over it."""
+    number = r"([-\d.]+)%;"
+    return [[float(v) for v in m] for m in re.findall(
+        rf'class="{kind}"[^>]*? style="left:{number}top:{number}'
+        rf'width:{number}height:([-\d.]+)%"', markup)]
+
+
+def _union(rects) -> list[float]:
+    left, top = min(r[0] for r in rects), min(r[1] for r in rects)
+    return [left, top, max(r[0] + r[2] for r in rects) - left,
+            max(r[1] + r[3] for r in rects) - top]
+
+
+def _within(inner, outer, slack: float = 2e-3) -> bool:
+    """Whether the [left, top, width, height] rect `inner` lies inside `outer`."""
+    return (outer[0] - slack <= inner[0] and outer[1] - slack <= inner[1]
+            and inner[0] + inner[2] <= outer[0] + outer[2] + slack
+            and inner[1] + inner[3] <= outer[1] + outer[3] + slack)
+
+
 def test_a_pdf_passage_opens_as_its_page_with_the_passage_shaded(tmp_path, monkeypatch):
     at = _pdf_session(tmp_path, monkeypatch)
     chat = at.query_params["chat"]
@@ -148,6 +177,13 @@ def test_a_pdf_passage_opens_as_its_page_with_the_passage_shaded(tmp_path, monke
     under = _letters(_PdfiumLayer(textpage).under(shaded + copied))
     assert under and under in _letters(passage["text"])  # the passage's own words, no others
     assert any(b.label.startswith("Download") for b in at.get("download_button"))
+    # Where the zoomed pane opens (the browser test scrolls it): with nothing copied, the
+    # region of the passage's own boxes (at least its largest), not the page's corner.
+    (focus,) = _placed(page_html, "rs-focus")
+    if not copied:
+        shades = _placed(page_html, "rs-box rs-shade")
+        largest = max(shades, key=lambda r: r[2] * r[3])
+        assert _within(largest, focus) and _within(focus, _union(shades))
 
     # Zoomed: the page drawn twice the panel's width, with more pixels, and the links to the
     # next and previous pages keep the zoom (the browser test checks the address's `&zoom=`).
@@ -259,3 +295,35 @@ def test_a_milvus_index_keeps_layouts_beside_its_file_and_its_spans_get_boxes(tm
         assert _letters(layer.under(boxes)) == _letters(passage.text[:40])
     finally:
         store.close()
+
+
+def test_a_text_window_is_the_whole_lines_within_reach_of_the_passage(tmp_path):
+    """text_window against a brute-force oracle, on a real plain-text document (zlib's FAQ):
+    the window starts at the first line start at most `context` characters before the passage
+    and ends at the last line end at most `context` after it (cut inside a line only where no
+    line boundary is in reach), and holds the passage where its offsets say."""
+    from types import SimpleNamespace
+
+    from ragspec.retrieval.readers.loaders import load_bytes
+
+    faq = Path("/usr/share/doc/zlib1g-dev/FAQ.gz")
+    if not faq.exists():
+        pytest.skip(f"{faq} is not installed (`make testdocs`)")
+    path = tmp_path / "zlib FAQ.txt"
+    path.write_bytes(gzip.decompress(faq.read_bytes()))
+    source = Source("id", path, "", path.read_bytes())
+    text = load_bytes(source.data, path)[0].page_content
+    for start in range(0, len(text) - 200, 97):
+        for length, context in ((1, 0), (60, 7), (120, 80), (200, 1500)):
+            passage = SimpleNamespace(start=start, text=text[start : start + length])
+            window, begin = text_window(source, passage, context)
+            stop = start + length
+            starts = [i for i in range(max(0, start - context), start + 1)
+                      if i == 0 or text[i - 1] == "\n"]
+            ends = [j for j in range(stop, min(len(text), stop + context) + 1)
+                    if j == len(text) or text[j] == "\n"]
+            want = (min(starts, default=max(0, start - context)),
+                    max(ends, default=min(len(text), stop + context)))
+            assert (begin, begin + len(window)) == want, (start, length, context)
+            assert window == text[begin : begin + len(window)]
+            assert window[start - begin : stop - begin] == passage.text
