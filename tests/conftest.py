@@ -20,6 +20,9 @@ MODEL_CACHE = Path(os.environ.get("RAGSPEC_TEST_MODEL_CACHE", REPO / ".ragspec-h
 # ragspec's CPU kernels are compiled once (about a minute) and shared by every test and every
 # command a test runs, whatever RAGSPEC_HOME it sets.
 os.environ.setdefault("RAGSPEC_KERNELS_DIR", str(MODEL_CACHE / "kernels"))
+# The chat loads its first model in the background when a page first runs; the page tests load
+# what they ask for themselves (tests/web/test_ui_warm.py turns it on).
+os.environ.setdefault("RAGSPEC_UI_WARM", "0")
 
 
 def make_char_tokenizer():

@@ -18,6 +18,10 @@ Contract:
   * `loading_seconds(name)` says how long the load of `name` under way has taken (None when
     none is), so a page waiting for a first start (kernels built, model converted: minutes on
     a busy machine) can show that it moves.
+  * `warm_default(registry, before)` starts, once per registry, a background load of the first
+    model on the list (after `before()`, the embedder's load) when the page first runs, unless
+    WARM_ENV is "0": a newcomer's first question then waits for what is left of the load, if
+    anything, not for all of it. A failed warm-up is logged; the question's own load says why.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 
 MODELS_ENV = "RAGSPEC_UI_MODELS"
 MAX_LOADED_ENV = "RAGSPEC_UI_MAX_LOADED"
+WARM_ENV = "RAGSPEC_UI_WARM"
 BUNDLED_SPEC = "bundled"
 BUNDLED_LABEL = "SmolLM2-135M-Instruct (bundled)"
 logger = logging.getLogger(__name__)
@@ -145,6 +150,8 @@ class ModelRegistry:
         self._loaded: OrderedDict[str, tuple] = OrderedDict()
         self._loading_since: dict[str, float] = {}  # name -> time.monotonic() its load began
         self._lock = threading.Lock()
+        self.warmed: str | None = None  # the model a warm-up was started for (once)
+        self._warm_lock = threading.Lock()
 
     @property
     def names(self) -> list[str]:
@@ -191,6 +198,26 @@ class ModelRegistry:
                 self._loading_since.pop(name, None)
             return self._loaded[name]
 
+    def warm(self, name: str, before: Callable[[], object] | None = None) -> bool:
+        """Load `name` in a background thread (after before(), if given), once per registry;
+        True when this call started it. Errors are logged, never raised: the next get() of
+        `name` loads again and says why."""
+        with self._warm_lock:  # not the load lock: a load holds that for tens of seconds
+            if self.warmed is not None or name not in self._specs or name in self._loaded:
+                return False
+            self.warmed = name
+
+        def run() -> None:
+            try:
+                if before is not None:
+                    before()
+                self.get(name)
+            except Exception:  # noqa: BLE001 - a warm-up must never take the page down
+                logger.exception("warming up model %s failed", name)
+
+        threading.Thread(target=run, name=f"ragspec-warm-{name}", daemon=True).start()
+        return True
+
     def _restore(self, names: list[str]) -> None:
         for name in reversed(names):  # back in their old places, least recently used first
             try:
@@ -199,6 +226,13 @@ class ModelRegistry:
                 logger.info("loaded model %s again after a failed load", name)
             except Exception:  # it loaded before; say so in the log and keep serving others
                 logger.exception("could not load model %s again", name)
+
+
+def warm_default(registry: ModelRegistry, before: Callable[[], object] | None = None) -> bool:
+    """Warm the registry's first model (see the module docstring) unless WARM_ENV is "0"."""
+    if os.environ.get(WARM_ENV, "").strip() == "0":
+        return False
+    return registry.warm(registry.names[0], before)
 
 
 _registries: OrderedDict[tuple, ModelRegistry] = OrderedDict()

@@ -67,6 +67,13 @@ def current_store(index_dir: str):
                          os.environ.get(EMBEDDER_ENV) or None)
 
 
+def warm_embedder() -> None:
+    """Load the embedder the page's store will use (its model loads on first use)."""
+    from ragspec.loading import EMBEDDER_ENV, cached_embedder
+
+    cached_embedder(os.environ.get(EMBEDDER_ENV) or None).model  # noqa: B018 - loads it
+
+
 @st.cache_resource
 def get_index_lock(index_dir: str) -> threading.Lock:
     # Uploads, removals and searches share one in-memory store per index: one at a time.
@@ -95,6 +102,7 @@ chats = ChatStore(paths.home() / "chats", user=who.name,
                   can_see=functools.partial(policy.may_see_chat, who))
 choices = ui_models.from_env()
 models = ui_models.registry_for(choices, ui_models.max_loaded_from_env(choices))
+ui_models.warm_default(models, warm_embedder)  # once per process: the first question waits less
 
 chat = open_chat(chats)
 chat_id = chat["id"] if chat else None

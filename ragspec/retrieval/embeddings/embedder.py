@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -120,6 +121,7 @@ class Embedder(Embeddings):
         except ValueError as exc:
             raise EmbedderUnavailableError(f"{exc} (unset it to choose by the CPU)") from exc
         self._model = None
+        self._load_lock = threading.Lock()
         self._encoder = None  # OnnxEncoder once loaded; False: torch's forward
         self._pieces: WordPieces | None = None
         self._precision: str | None = None  # torch's, once the model is loaded
@@ -132,7 +134,9 @@ class Embedder(Embeddings):
     @property
     def model(self):
         if self._model is None:
-            self._model = self._load()
+            with self._load_lock:  # the chat's warm-up and a first question may both ask
+                if self._model is None:
+                    self._model = self._load()
         return self._model
 
     def _load(self):
