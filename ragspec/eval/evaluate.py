@@ -24,6 +24,7 @@ from ragspec.decoding.types import DraftConfig, GenerationConfig, RepeatConfig
 from ragspec.describe import ANSWER, PASSAGE, draft_source
 from ragspec.eval import quality
 from ragspec.prompts import DEFAULT_PROMPT, PROMPTS
+from ragspec.retrieval.trim import DEFAULT_TRIM
 from ragspec.search import DEFAULT_MIN_SCORE
 
 SPECULATION = ("on", "off", "both")
@@ -33,13 +34,13 @@ SPECULATION = ("on", "off", "both")
 class Setting:
     """One way of answering: the instruction (a name in ragspec.prompts.PROMPTS), passages per
     question, the answer's length limit, the repetition rule and the prompt tokens each passage
-    may take (trim; 0: whole passages, ragspec.retrieval.trim)."""
+    may take (trim; 0: whole passages; ragspec.retrieval.trim)."""
 
     prompt: str = DEFAULT_PROMPT
     k: int = 4
     max_new_tokens: int = 256
     repeat: RepeatConfig = field(default_factory=RepeatConfig)
-    trim: int = 0
+    trim: int = DEFAULT_TRIM
 
     def __post_init__(self) -> None:
         if self.prompt not in PROMPTS:
@@ -67,7 +68,8 @@ class Setting:
 
 def settings_grid(prompts: Sequence[str], ks: Sequence[int], lengths: Sequence[int],
                   stops: Sequence[tuple[int, int]], penalties: Sequence[float],
-                  penalty_last_n: int = 64, trims: Sequence[int] = (0,)) -> list[Setting]:
+                  penalty_last_n: int = 64,
+                  trims: Sequence[int] = (DEFAULT_TRIM,)) -> list[Setting]:
     """Every combination, in option order (the first option varies slowest)."""
     return [Setting(p, k, n, RepeatConfig(stop_ngram=ngram, stop_count=count, penalty=penalty,
                                           penalty_last_n=penalty_last_n), trim)

@@ -40,6 +40,10 @@ from ragspec.retrieval.absent_words import FUNCTION_WORDS, inflections
 from ragspec.retrieval.bm25.index import tokenize
 from ragspec.retrieval.records import Passage
 
+# The prompt tokens a passage may take by default (PipelineConfig.trim, `ragspec eval --trim`):
+# chosen on data/realdocs/dev with `ragspec eval` among 48, 64, 96 and 128 as the one whose
+# snippet recall was not lower than whole passages' (docs/answer-quality.md).
+DEFAULT_TRIM = 128
 # A sentence ends at . ! ? followed by whitespace; a blank line ends one too.
 _BREAK = re.compile(r"(?<=[.!?])\s+|\n[ \t]*\n\s*")
 

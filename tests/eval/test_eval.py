@@ -177,8 +177,12 @@ def test_trimmed_setting_reads_fewer_prompt_tokens_and_is_paired_with_the_first(
     for a, b in zip(whole["questions"], trimmed["questions"], strict=True):
         assert 0 < b["prompt_tokens"] < a["prompt_tokens"]
         assert a["ttft_seconds"] > 0 and b["ttft_seconds"] > 0
+        assert a["snippet_shown"] == (None if a["unanswerable"] else True)
+    # q1's sentence is the nearest to its question and fits: the snippet stays in the prompt
+    assert trimmed["questions"][0]["snippet_shown"] is True
     s = trimmed["summary"]
     assert s["median_prompt_tokens"] < whole["summary"]["median_prompt_tokens"]
+    assert whole["summary"]["snippet_shown"] == 2
     assert whole["versus_first"] is None
     assert trimmed["versus_first"] == quality.paired(whole["questions"], trimmed["questions"])
     assert trimmed["versus_first"]["questions"] == 2
