@@ -169,6 +169,27 @@ def test_prompt_budget_keeps_room_for_the_answer(smol_tokenizer):
     assert len(prepared.prompt_ids) + 200 <= 300
 
 
+def test_trimmed_passages_are_the_documents_characters_and_map_back(smol_tokenizer):
+    """trim: each passage over the budget is cut to its sentences nearest the question; the kept
+    text is the document's own characters at the passage's new start, and the prompt's regions
+    map back into it (what citations, highlights and the source view rely on)."""
+    document = "Preface. " * 7 + PASSAGES[2].text + " Rotation is weekly."
+    long = Passage(id="c-1", doc_id="c", source="/docs/faq.txt", page=None, start=63,
+                   text=document[63:])
+    assert document[long.start:].startswith(PASSAGES[2].text)
+    question = "How long are logs kept by default?"
+    whole = pipeline_for(smol_tokenizer).prepare_with_passages(question, [PASSAGES[0], long])
+    prepared = pipeline_for(smol_tokenizer, trim=16).prepare_with_passages(
+        question, [PASSAGES[0], long])
+    kept = prepared.passages[1]
+    assert kept.text == "Logs are kept for 14 days by default." and kept.id == long.id
+    assert document[kept.start: kept.start + len(kept.text)] == kept.text
+    assert len(prepared.prompt_ids) < len(whole.prompt_ids)
+    assert_regions_map_back(prepared, smol_tokenizer)
+    assert pipeline_for(smol_tokenizer, trim=500).prepare_with_passages(
+        question, [PASSAGES[0], long]).prompt_ids == whole.prompt_ids
+
+
 @pytest.mark.parametrize("question", [
     "and what about its GPU version?", "What about the default?", "Why?",
     "How is it configured?", "also for namespaces",
@@ -222,7 +243,8 @@ def test_empty_index_and_empty_question_are_clear_errors(smol_tokenizer):
 
 
 @pytest.mark.parametrize("kwargs", [dict(k=0), dict(max_new_tokens=0),
-                                    dict(max_prompt_tokens=3), dict(system_prompt=" ")])
+                                    dict(max_prompt_tokens=3), dict(system_prompt=" "),
+                                    dict(trim=-1)])
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         PipelineConfig(**kwargs)

@@ -25,6 +25,7 @@ from ragspec.commands.common import (
 )
 from ragspec.highlights import ShownStream, shown_spans
 from ragspec.retrieval.errors import RetrievalError
+from ragspec.retrieval.trim import DEFAULT_TRIM
 from ragspec.terminal import legend, printable, render_spans, stats_line
 
 
@@ -34,6 +35,9 @@ from ragspec.terminal import legend, printable, render_spans, stats_line
               help="Passages retrieved and put into the prompt.")
 @click.option("--max-new-tokens", default=256, show_default=True, type=click.IntRange(min=1),
               help="Longest answer, in tokens.")
+@click.option("--trim", default=DEFAULT_TRIM, show_default=True, type=click.IntRange(min=0),
+              help="Prompt tokens each passage may take: a longer one is cut to its sentences "
+                   "nearest the question (exact offsets kept); 0 shows passages whole.")
 @click.option("--compare", is_flag=True,
               help="Also answer with speculation off first, and print both speeds.")
 @search_mode_option
@@ -44,7 +48,7 @@ from ragspec.terminal import legend, printable, render_spans, stats_line
 @draft_options
 @model_options
 @generator_option
-def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_json,
+def ask(question, k, max_new_tokens, trim, compare, search_mode, min_score, index, as_json,
         temperature, top_p, top_k, seed, no_spec, no_adaptive, max_ngram, max_draft, model_spec,
         device, exact, weights, generator_url):
     """Answer QUESTION from your indexed documents.
@@ -95,7 +99,8 @@ def ask(question, k, max_new_tokens, compare, search_mode, min_score, index, as_
     from ragspec.remote import pipeline_for
 
     pipeline = pipeline_for(store, gen, PipelineConfig(k=k, max_new_tokens=max_new_tokens,
-                                                       search=search_mode, min_score=min_score))
+                                                       search=search_mode, min_score=min_score,
+                                                       trim=trim))
     remote = getattr(gen, "remote", False)
     if not remote:
         from ragspec.decoding.scheduler import scheduler_for

@@ -75,6 +75,10 @@ def _stop(text: str) -> tuple[int, int]:
 @click.option("--repeat-penalty", "penalties", default=None, metavar="P,...",
               callback=_list(float),
               help="Repetition penalties to compare (1.0 = off, llama.cpp's rule).")
+@click.option("--trim", "trims", default=None, metavar="N,...", callback=_list(int),
+              help="Prompt tokens each passage may take: longer ones are cut to their sentences "
+                   "nearest the question; 0 = whole passages (default: ask's). The table's last "
+                   "column pairs each row's recall with the first row's, question by question.")
 @click.option("--penalty-last-n", default=64, show_default=True, type=click.IntRange(min=1),
               help="Tokens of context the repetition penalty looks at.")
 @click.option("--speculation", type=click.Choice(["on", "off", "both"]), default="on",
@@ -87,7 +91,7 @@ def _stop(text: str) -> tuple[int, int]:
               help="Write the results object (JSON) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results object to stdout.")
 @prompt_cache_option
-def eval_command(corpus, questions_file, models, prompts, ks, lengths, stops, penalties,
+def eval_command(corpus, questions_file, models, prompts, ks, lengths, stops, penalties, trims,
                  penalty_last_n, speculation, min_score, limit, index, out, as_json):
     """Measure answer quality on a question set, per model and setting.
 
@@ -112,7 +116,7 @@ def eval_command(corpus, questions_file, models, prompts, ks, lengths, stops, pe
         settings = ev.settings_grid(
             prompts or [DEFAULT_PROMPT], ks or [default.k], lengths or [default.max_new_tokens],
             stops or [(default.repeat.stop_ngram, default.repeat.stop_count)],
-            penalties or [default.repeat.penalty], penalty_last_n)
+            penalties or [default.repeat.penalty], penalty_last_n, trims or [default.trim])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:

@@ -15,6 +15,11 @@ and text out; no model, no click. The measures, as docs/answer-quality.md states
   * refused: the relevance floor refused the question (no answer generated), or the answer
     says it does not know (REFUSAL). Wanted for unanswerable questions; a false refusal for
     answerable ones.
+  * snippet shown: some snippet of the question occurs whole in a passage of its prompt (up
+    to case and whitespace): whether the model could have quoted it at all.
+  * paired: two settings' recall on the same answerable questions, question by question: the
+    mean difference, its standard error, and how many were higher and lower. Greedy answers
+    repeat exactly run to run, so a difference is the settings', not the run's.
 """
 
 from __future__ import annotations
@@ -69,6 +74,12 @@ def contains_all(answer: str, snippets: Sequence[str]) -> bool:
     return bool(snippets) and all(_squash(s) in body for s in snippets)
 
 
+def shown(snippets: Sequence[str], passages: Sequence[str]) -> bool:
+    """Some snippet occurs whole in some passage, up to case and whitespace."""
+    texts = [_squash(p) for p in passages]
+    return any(_squash(s) in t for s in snippets for t in texts)
+
+
 def says_unknown(answer: str) -> bool:
     return REFUSAL.search(answer) is not None
 
@@ -95,10 +106,30 @@ def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def paired(base: Sequence[dict], other: Sequence[dict]) -> dict:
+    """`other`'s snippet recall minus `base`'s, over the answerable questions both have (by
+    id): {"questions", "mean", "stderr", "higher", "lower"} (mean and stderr None without
+    questions; stderr None with one)."""
+    before = {r["id"]: r["recall"] for r in base
+              if not r["unanswerable"] and r["recall"] is not None}
+    diffs = [r["recall"] - before[r["id"]] for r in other
+             if not r["unanswerable"] and r["recall"] is not None and r["id"] in before]
+    stderr = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+    return {"questions": len(diffs), "mean": statistics.fmean(diffs) if diffs else None,
+            "stderr": stderr, "higher": sum(d > 0 for d in diffs),
+            "lower": sum(d < 0 for d in diffs)}
+
+
 def summarize(records: Sequence[dict]) -> dict:
     """One setting's totals over its question records (each: the `measure` keys plus
     "unanswerable", "new_tokens", "accepted_tokens", "from_passages", "from_answer",
-    "identical")."""
+    "identical", "prompt_tokens", "seconds", "ttft_seconds"); times and prompt tokens are
+    medians over the answers generated."""
     answerable = [r for r in records if not r["unanswerable"]]
     generated = [r for r in records if not r["floor_refused"]]
     recalls = [r["recall"] for r in answerable if r["recall"] is not None]
@@ -125,6 +156,10 @@ def summarize(records: Sequence[dict]) -> dict:
         "from_answer_share": _share(sum(r["from_answer"] for r in generated), tokens),
         "identical": sum(compared) if compared else None,
         "compared": len(compared),
+        "snippet_shown": sum(bool(r.get("snippet_shown")) for r in answerable),
+        "median_prompt_tokens": _median(r.get("prompt_tokens") for r in generated),
+        "median_ttft_seconds": _median(r.get("ttft_seconds") for r in generated),
+        "median_seconds": _median(r.get("seconds") for r in generated),
     }
 
 
@@ -140,10 +175,11 @@ def format_table(results: dict) -> str:
     """One row per model and setting (Markdown-compatible)."""
     header = ("| model | setting | snippet recall mean / median | present (≥0.6) | exact | loops "
               "| repetition stops | unanswerable refused | false refusals | mean tokens "
-              "| drafts: passage / own answer | identical on/off |")
-    lines = [header, "|" + "---|" * 12]
+              "| drafts: passage / own answer | identical on/off | prompt tokens (median) "
+              "| snippet in prompt | recall − first row (± se; higher / lower) |")
+    lines = [header, "|" + "---|" * 15]
     for run in results["runs"]:
-        s = run["summary"]
+        s, versus = run["summary"], run.get("versus_first")
         lines.append(
             f"| {run['model'].split(' (')[0]} | {run['setting']['label']} "
             f"| {_num(s['mean_recall'], '.2f')} / {_num(s['median_recall'], '.2f')} "
@@ -152,5 +188,14 @@ def format_table(results: dict) -> str:
             f"| {_pct(s['unanswerable_refused'], s['unanswerable'])} "
             f"| {_pct(s['false_refusals'], s['answerable'])} | {_num(s['mean_new_tokens'], '.0f')} "
             f"| {_num(s['from_passages_share'], '.0%')} / {_num(s['from_answer_share'], '.0%')} "
-            f"| {_pct(s['identical'], s['compared'])} |")
+            f"| {_pct(s['identical'], s['compared'])} "
+            f"| {_num(s.get('median_prompt_tokens'), '.0f')} "
+            f"| {_pct(s.get('snippet_shown'), s['answerable'])} | {_versus(versus)} |")
     return "\n".join(lines)
+
+
+def _versus(d: dict | None) -> str:
+    if not d or d["mean"] is None:
+        return "-"
+    return (f"{d['mean']:+.3f} ± {_num(d['stderr'], '.3f')}; "
+            f"{d['higher']} / {d['lower']}")

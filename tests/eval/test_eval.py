@@ -166,6 +166,44 @@ def test_settings_cut_from_one_longer_generation_equal_their_own_generation(tiny
     assert {"repetition", "max_new_tokens"} <= reasons
 
 
+def test_trimmed_setting_reads_fewer_prompt_tokens_and_is_paired_with_the_first(tiny_gen):
+    """--trim: the same retrieval, passages cut to their sentence nearest the question (the
+    tiny model's tokenizer counts characters: 40 keeps one sentence of each); every record
+    names its prompt length and first-token time, and the second run its paired recall."""
+    settings = [ev.Setting(k=2, max_new_tokens=8), ev.Setting(k=2, max_new_tokens=8, trim=40)]
+    results = ev.evaluate(FakeStore(), [ev.Model("tiny", tiny_gen)], settings, QUESTIONS)
+    whole, trimmed = results["runs"]
+    assert trimmed["setting"]["trim"] == 40 and "trim 40" in trimmed["setting"]["label"]
+    for a, b in zip(whole["questions"], trimmed["questions"], strict=True):
+        assert 0 < b["prompt_tokens"] < a["prompt_tokens"]
+        assert a["ttft_seconds"] > 0 and b["ttft_seconds"] > 0
+        assert a["snippet_shown"] == (None if a["unanswerable"] else True)
+    # q1's sentence is the nearest to its question and fits: the snippet stays in the prompt
+    assert trimmed["questions"][0]["snippet_shown"] is True
+    s = trimmed["summary"]
+    assert s["median_prompt_tokens"] < whole["summary"]["median_prompt_tokens"]
+    assert whole["summary"]["snippet_shown"] == 2
+    assert whole["versus_first"] is None
+    assert trimmed["versus_first"] == quality.paired(whole["questions"], trimmed["questions"])
+    assert trimmed["versus_first"]["questions"] == 2
+
+
+def test_paired_recall_differences_match_question_by_question():
+    def rec(qid, recall, unanswerable=False):
+        return {"id": qid, "recall": recall, "unanswerable": unanswerable}
+
+    base = [rec("a", 0.5), rec("b", 0.2), rec("c", 0.0), rec("u", None, True), rec("d", 0.4)]
+    other = [rec("b", 0.4), rec("a", 0.25), rec("c", 0.0), rec("u", None, True), rec("e", 1.0)]
+    d = quality.paired(base, other)
+    assert d["questions"] == 3 and (d["higher"], d["lower"]) == (1, 1)
+    assert d["mean"] == pytest.approx((0.2 - 0.25 + 0.0) / 3)
+    diffs = [0.2, -0.25, 0.0]
+    mean = sum(diffs) / 3
+    sd = (sum((x - mean) ** 2 for x in diffs) / 2) ** 0.5
+    assert d["stderr"] == pytest.approx(sd / 3 ** 0.5)
+    assert quality.paired(base, [])["mean"] is None
+
+
 def test_questions_below_the_relevance_floor_are_refused_without_generating(tiny_gen):
     results = ev.evaluate(FakeStore(best=0.1), [ev.Model("tiny", tiny_gen)], [ev.Setting()],
                           QUESTIONS)
@@ -233,7 +271,8 @@ def test_cli_json_and_speculation_both_count_identical_answers(cli_env):
 
 
 @pytest.mark.parametrize("args", [["--stop", "8"], ["--stop", "8x1"], ["-k", "two"],
-                                  ["--prompt", "nope"], ["--repeat-penalty", "0.5"]])
+                                  ["--prompt", "nope"], ["--repeat-penalty", "0.5"],
+                                  ["--trim", "-5"]])
 def test_cli_bad_usage_exits_2(cli_env, args):
     _, corpus, questions, _ = cli_env
     result = CliRunner().invoke(main, ["eval", "--corpus", str(corpus), "--questions",

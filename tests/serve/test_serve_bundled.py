@@ -67,7 +67,8 @@ def test_concurrent_api_answers_equal_the_pipeline_alone(bundled, corpus_store):
             if span["drafted"] and origin["source"] is not None:
                 passage = ext["passages"][origin["source"]]["text"]
                 copied = passage[origin["char_start"]:origin["char_end"]]
-                assert span["text"].strip() and span["text"].strip() in " ".join(
-                    [copied, passage[origin["char_start"]:]])
+                # a draft of whitespace alone (a line break copied from a passage) is exact too
+                assert span["text"] == copied or span["text"].strip() and span[
+                    "text"].strip() in " ".join([copied, passage[origin["char_start"]:]])
                 copies += 1
     assert copies > 0, "the bundled model copies from the passages on these questions"
