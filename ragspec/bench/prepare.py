@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ragspec.bench.questions import BenchInputError, Prepared, Question
@@ -41,7 +41,8 @@ def build_setup(model: str | None, corpus: str, index: str | None,
                 questions: Sequence[Question], max_new_tokens: int,
                 log: Callable[[str], None] = lambda message: None,
                 llamacpp: bool | None = None, weights: str = "auto",
-                methods: Sequence[str] | None = None, llama_server: bool | None = None) -> Setup:
+                methods: Sequence[str] | None = None, llama_server: bool | None = None,
+                trim: int | None = None) -> Setup:
     """Load the model, ingest `corpus` (into a temporary index, or into `index`, where unchanged
     files are skipped) and build every question's prompt with the real pipeline.
 
@@ -71,7 +72,8 @@ def build_setup(model: str | None, corpus: str, index: str | None,
         store = open_store(index or scratch)
         log(f"Ingesting {corpus} ...")
         failures = ingest_corpus(store, corpus)
-        prepared = prepare_prompts(generator, store, questions, max_new_tokens, failures)
+        prepared = prepare_prompts(generator, store, questions, max_new_tokens, failures,
+                                   trim=trim)
     servers = _open_servers(model, llama_server, n_ctx, methods, log)
     return Setup(loaded.name, describe_device(loaded), generator, prepared, failures, anchors,
                  stock, servers)
@@ -141,13 +143,16 @@ def _open_anchors(model: str | None, wanted: bool | None, n_ctx: int, log):
 
 
 def prepare_prompts(generator, store, questions: Sequence[Question], max_new_tokens: int,
-                    failures: list[str], k: int = 4) -> list[Prepared]:
-    """Each question's prompt as `ragspec ask` builds it (k passages, room for the answer);
+                    failures: list[str], k: int = 4, trim: int | None = None) -> list[Prepared]:
+    """Each question's prompt as `ragspec ask` builds it (k passages, room for the answer,
+    each passage cut to `trim` prompt tokens: None is the product's default, 0 whole);
     a question whose prompt cannot be built is appended to `failures`."""
     from ragspec.pipeline import NoDocumentsError, Pipeline, PipelineConfig
     from ragspec.retrieval.errors import RetrievalError
 
-    pipe = Pipeline(store, generator, PipelineConfig(k=k, max_new_tokens=max_new_tokens))
+    config = PipelineConfig(k=k, max_new_tokens=max_new_tokens)
+    pipe = Pipeline(store, generator,
+                    config if trim is None else replace(config, trim=trim))
     prepared = []
     for q in questions:
         try:

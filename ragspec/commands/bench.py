@@ -21,10 +21,11 @@ from ragspec.bench.anchors.llama_server import SERVER_METHODS
 from ragspec.bench.anchors.llamacpp import LLAMACPP_METHODS
 from ragspec.commands.common import corpus_option, limit_option, prompt_cache_option
 from ragspec.models.weights import WEIGHTS
+from ragspec.retrieval.trim import DEFAULT_TRIM
 
 
 def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, weights="auto",
-                methods=None, llama_server=None) -> core.Setup:
+                methods=None, llama_server=None, trim=None) -> core.Setup:
     """ragspec.bench.runner.build_setup with errors as one clear line (tests replace this)."""
     from ragspec.models.load import ModelNotFound
     from ragspec.retrieval.errors import RetrievalError
@@ -33,7 +34,7 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
         return core.build_setup(model, corpus, index, questions, max_new_tokens,
                                 log=lambda message: click.echo(message, err=True),
                                 llamacpp=llamacpp, weights=weights, methods=methods,
-                                llama_server=llama_server)
+                                llama_server=llama_server, trim=trim)
     except (ModelNotFound, RetrievalError, core.BenchInputError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -92,12 +93,15 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
 @click.option("--no-cache-off", "cache_off", flag_value=False, default=True,
               help="With --sessions: skip the run with the prompt cache off (no identity "
                    "check; half the time, for comparing orders).")
+@click.option("--trim", default=DEFAULT_TRIM, show_default=True, type=click.IntRange(min=0),
+              help="Prompt tokens each passage may take, as `ragspec ask --trim` (0: whole "
+                   "passages, the prompts of runs before trimming).")
 @prompt_cache_option
 def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
           limit: int | None, index: str | None, out: str | None, plot_path: str | None,
           repeats: int, llamacpp: bool | None, llama_server: bool | None, methods: str | None,
           weights: str, as_json: bool, sessions: bool, session_order: str,
-          cache_off: bool) -> None:
+          cache_off: bool, trim: int) -> None:
     """Benchmark ragspec against greedy decoding, transformers' prompt lookup and an oracle.
 
     Ingests DIR, builds each question's prompt with the real pipeline, then runs on every
@@ -116,7 +120,7 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     """
     if sessions:
         _sessions(corpus, questions_file, max_new_tokens, model, limit, index, out, weights,
-                  as_json, session_order, cache_off)
+                  as_json, session_order, cache_off, trim)
         return
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     try:
@@ -131,7 +135,7 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     if llamacpp is None and chosen is not None and not set(chosen) & set(LLAMACPP_METHODS):
         llamacpp = False  # none of its methods will run: do not load llama.cpp at all
     setup = build_setup(model, corpus, index, questions, max_new_tokens, llamacpp, weights,
-                        chosen, llama_server)
+                        chosen, llama_server, trim)
     try:
         for failure in setup.failures:
             click.echo(f"warning: {failure}", err=True)
@@ -158,7 +162,7 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
 
 def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
               limit: int | None, index: str | None, out: str | None, weights: str,
-              as_json: bool, order: str, compare: bool = True) -> None:
+              as_json: bool, order: str, compare: bool = True, trim: int = DEFAULT_TRIM) -> None:
     """`bench --sessions` (ragspec.bench.sessions): set up, run, write and print."""
     import os
     import tempfile
@@ -169,6 +173,7 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
     from ragspec.decoding.types import GenerationConfig
     from ragspec.loading import describe_device, load_generator, open_store
     from ragspec.models.load import ModelNotFound
+    from ragspec.pipeline import PipelineConfig
     from ragspec.retrieval.errors import RetrievalError
 
     try:
@@ -189,6 +194,8 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
             config = GenerationConfig(max_new_tokens=max_new_tokens)
             ran = sessions_core.run_sessions(store, generator, groups, config, order=order,
                                              compare=compare,
+                                             pipeline_config=PipelineConfig(
+                                                 max_new_tokens=max_new_tokens, trim=trim),
                                              progress=lambda line: log(f"session {line}"))
     except (ModelNotFound, RetrievalError, core.BenchInputError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -196,6 +203,7 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
            "load_before": load_before, "load_after": sessions_core.load_now(),
            "model": loaded.name, "device": describe_device(loaded),
            "prompt_read": sessions_core.prompt_read(), "order": order, "cache_off_run": compare,
+           "trim": trim,
            "max_new_tokens": max_new_tokens, "questions": questions_file,
            "summary": sessions_core.summarize(ran), "sessions": ran, "failures": failures}
     machine = f"{provenance.machine()}; {describe_device(loaded)}"

@@ -14,6 +14,7 @@ from ragspec.bench import runner as core
 from ragspec.bench import summary as summary
 from ragspec.cli import main
 from ragspec.commands import bench as bench_cmd
+from ragspec.retrieval.trim import DEFAULT_TRIM
 
 RESULT_FIELDS = {"new_tokens", "seconds", "ttft_seconds", "tokens_per_s", "decode_tokens_per_s",
                  "forward_passes", "drafted_tokens", "accepted_tokens", "identical_to_greedy",
@@ -268,10 +269,10 @@ def cli_env(tmp_path, monkeypatch, tiny_gen, prepared):
     calls = {}
 
     def fake_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None,
-                   weights="auto", methods=None, llama_server=None):
+                   weights="auto", methods=None, llama_server=None, trim=None):
         calls.update(model=model, corpus=corpus, index=index, max_new_tokens=max_new_tokens,
                      ids=[q.id for q in questions], llamacpp=llamacpp, weights=weights,
-                     llama_server=llama_server)
+                     llama_server=llama_server, trim=trim)
         return core.Setup("tiny", "cpu", tiny_gen, prepared[: len(questions)])
 
     monkeypatch.setattr(bench_cmd, "build_setup", fake_setup)
@@ -291,6 +292,7 @@ def test_cli_writes_results_and_plot(cli_env):
         "--limit", "2", "--out", str(out), "--plot", str(png)])
     assert result.exit_code == 0, result.output
     assert calls["max_new_tokens"] == 8 and calls["ids"] == ["c1", "c2"]
+    assert calls["trim"] == DEFAULT_TRIM  # prompts as `ragspec ask` builds them
     data = json.loads(out.read_text())
     assert data["max_new_tokens"] == 8 and len(data["questions"]) == 2
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -299,12 +301,14 @@ def test_cli_writes_results_and_plot(cli_env):
 
 
 def test_cli_json_prints_the_results_object(cli_env):
-    _, corpus, questions, _ = cli_env
+    _, corpus, questions, calls = cli_env
     result = CliRunner().invoke(main, ["bench", "--corpus", str(corpus), "--questions",
-                                       str(questions), "--max-new-tokens", "4", "--json"])
+                                       str(questions), "--max-new-tokens", "4", "--json",
+                                       "--trim", "0"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert set(data["summary"]) == {"copy", "open", "all"}
+    assert calls["trim"] == 0  # whole passages, as runs before trimming
 
 
 def test_cli_bad_questions_file_exits_1_and_says_where(cli_env):

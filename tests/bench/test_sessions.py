@@ -5,6 +5,8 @@ after another reusing the previous one's pages only when its passages keep their
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import MODEL_CACHE
 from test_native_step import _model
@@ -18,6 +20,7 @@ from ragspec.decoding.packed import PAGES_ENV, PREFILL_ENV, prefill_precision, r
 from ragspec.decoding.types import GenerationConfig
 from ragspec.pipeline import PipelineConfig
 from ragspec.retrieval.faiss.store import Hit, Passage, SearchResult
+from ragspec.retrieval.trim import DEFAULT_TRIM
 
 BIG = 64 << 20
 CONFIG = GenerationConfig(max_new_tokens=8)
@@ -146,7 +149,6 @@ def test_sessions_need_greedy_decoding_and_a_known_order(packed, tiny_tokenizer)
 
 def test_cli_sessions_writes_one_results_file_and_appends_a_later_run(
         packed, tiny_tokenizer, tmp_path, monkeypatch):
-    import functools
     import json
     from types import SimpleNamespace
 
@@ -164,8 +166,15 @@ def test_cli_sessions_writes_one_results_file_and_appends_a_later_run(
     monkeypatch.setattr(loading, "open_store", lambda *a, **k: Store())
     monkeypatch.setattr(prepare, "ingest_corpus", lambda store, corpus: [])
     # the tiny model's context (256 characters) holds PIPE's short prompts, not the default's
-    monkeypatch.setattr(sessions, "run_sessions",
-                        functools.partial(sessions.run_sessions, pipeline_config=PIPE))
+    # (the trim `bench --trim` sets reaches the run: recorded, then put on PIPE)
+    trims, run_sessions = [], sessions.run_sessions
+
+    def with_pipe(*args, pipeline_config, **kwargs):
+        trims.append(pipeline_config.trim)
+        return run_sessions(*args, pipeline_config=replace(PIPE, trim=pipeline_config.trim),
+                            **kwargs)
+
+    monkeypatch.setattr(sessions, "run_sessions", with_pipe)
     questions = tmp_path / "q.jsonl"
     questions.write_text("\n".join(
         json.dumps({"id": q.id, "question": q.question, "source": "ops.txt"})
@@ -177,11 +186,12 @@ def test_cli_sessions_writes_one_results_file_and_appends_a_later_run(
     first = CliRunner().invoke(main, args)
     assert first.exit_code == 0, first.output
     assert "every answer identical to its run without the cache" in first.output
-    again = CliRunner().invoke(main, [*args, "--json"])
+    again = CliRunner().invoke(main, [*args, "--json", "--trim", "0"])
     assert again.exit_code == 0, again.output
     saved = json.loads(out.read_text(encoding="utf-8"))
     assert set(saved) == {"command", "commit", "machine", "runs"} and len(saved["runs"]) == 2
     run = saved["runs"][-1]
     assert run["prompt_read"] == "int8" and run["order"] == "rank"
+    assert trims == [DEFAULT_TRIM, 0] and [r["trim"] for r in saved["runs"]] == [DEFAULT_TRIM, 0]
     assert run["summary"]["all_identical"] and run["summary"]["turns"] == 2
     assert [t["id"] for t in run["sessions"][0]["turns"]] == ["t1", "t2"]
