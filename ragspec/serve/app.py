@@ -27,6 +27,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from ragspec.decoding.scheduler import Request as Generation
 from ragspec.serve import errors, responses
@@ -89,8 +90,13 @@ def create_app(service: Service, *, max_body_bytes: int = MAX_BODY_BYTES,
 
 
 async def _parse(request: Request, model: type[BaseModel]):
-    """The body as `model`, or a 400 that says what is wrong."""
-    raw = await request.body()
+    """The body as `model`, or a 400 that says what is wrong (also to a client that hung up
+    before its body arrived: nobody reads that answer, but nothing fails in the server)."""
+    try:
+        raw = await request.body()
+    except ClientDisconnect as exc:
+        raise APIError(400, "the client closed the connection before its request body "
+                            "arrived", code="client_disconnected") from exc
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:

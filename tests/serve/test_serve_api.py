@@ -419,3 +419,30 @@ def test_bad_retrieval_requests_are_400_even_below_the_floor(server, content, ex
     reply = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == code
+
+
+def test_a_client_that_hangs_up_before_its_body_arrived_gets_a_400_and_no_traceback(server):
+    """What the soak's hang-ups met once: a POST whose client disconnects while the body is read
+    (starlette's ClientDisconnect) was a 500 with a traceback in the log; it is a 400."""
+    import asyncio
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 2), "headers": [(b"content-type", b"application/json"),
+                                                      (b"content-length", b"400")]}
+    incoming = [{"type": "http.request", "body": b'{"model": "tiny", "mess', "more_body": True},
+                {"type": "http.disconnect"}]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(server.asgi(scope, receive, send))  # raised ClientDisconnect before the fix
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert start["status"] == 400, (start, body)
+    assert json.loads(body)["error"]["code"] == "client_disconnected"
