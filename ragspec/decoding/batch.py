@@ -75,7 +75,10 @@ class BatchSequence:
     """One request's generation state in the batch (see the module docstring)."""
 
     def __init__(self, gen: Generator, prompt_ids: Sequence[int], config: GenerationConfig,
-                 sources: Sequence[SourceRegion] = ()):
+                 sources: Sequence[SourceRegion] = (), recall: bool = False):
+        """recall: this sequence's prompt would be read in one forward (the scheduler reads
+        whole prompts), so an identical prompt kept whole (Generator.whole_prompts) may be
+        recalled instead, and this one kept whole once read."""
         self.stream: GenerationStream = gen.stream(prompt_ids, config, sources=sources)
         self.stream._cache = new_cache(gen.model)
         shared = self._shared = self.stream._policy
@@ -87,14 +90,18 @@ class BatchSequence:
             self._cost = own.cost
         self.prompt = self.stream.prompt_ids
         self.started = time.perf_counter()  # when its prompt read began
+        self.whole = recall
+        # an identical prompt's logits, recalled with its cache: its first token needs no forward
+        self.recalled = self.stream._recall_prompt() if recall else None
         # prompt positions already in the cache: those the prompt cache had, to begin with
-        self.prefilled = self.stream._reuse_prompt()
+        self.prefilled = (len(self.prompt) if self.recalled is not None
+                          else self.stream._reuse_prompt())
         self.first_token_at: float | None = None
         self._plan: tuple | None = None  # this step's (kind, match, draft)
 
     @property
     def prefilling(self) -> bool:
-        return self.prefilled < len(self.prompt)
+        return self.prefilled < len(self.prompt) or self.recalled is not None
 
     @property
     def cache(self):
@@ -127,7 +134,7 @@ class BatchSequence:
     def plan_prefill(self, budget: int) -> Block:
         """The next prompt chunk of at most `budget` rows."""
         end = min(len(self.prompt), self.prefilled + budget)
-        self._plan = ("prefill", end, None)
+        self._plan = ("prefill", end, self.prefilled == 0 and end == len(self.prompt))
         return Block(self.cache, self.prompt[self.prefilled:end], self.prefilled,
                      "last" if end == len(self.prompt) else "none")
 
@@ -150,15 +157,29 @@ class BatchSequence:
             self.prefilled = a
             if self.prefilling:
                 return Outcome()
-            stream._keep_prompt()
-            step = Step([next_token(logits[-1], stream.config.sampling, stream._uniforms)])
-            self.first_token_at = time.perf_counter()
-            stream.stats.prefill_seconds = stream.stats.ttft_seconds = (
-                self.first_token_at - self.started)
+            stream._keep_prompt(logits if self.whole and b else None)
+            step = self._first(logits)
         else:
             step = stream._accept(logits, a, b)
             if stream._governor is not None:  # by the curve: a shared step has no time of its own
                 stream._governor.record(len(b), step.accepted, len(stream._index) - 1)
+        return self._commit(step)
+
+    def take_recalled(self) -> Outcome:
+        """The first token from the recalled prompt's logits (no forward)."""
+        logits, self.recalled = self.recalled, None
+        return self._commit(self._first(logits))
+
+    def _first(self, logits: torch.Tensor) -> Step:
+        stream = self.stream
+        step = Step([next_token(logits[-1], stream.config.sampling, stream._uniforms)])
+        self.first_token_at = time.perf_counter()
+        stream.stats.prefill_seconds = stream.stats.ttft_seconds = (
+            self.first_token_at - self.started)
+        return step
+
+    def _commit(self, step: Step) -> Outcome:
+        stream = self.stream
         spans, done = stream._commit(step)
         if not done and stream._stop_requested:
             spans, done = [*spans, *stream._stopped()], True
@@ -251,8 +272,11 @@ def batch_step(gen: Generator, sequences: Sequence[BatchSequence],
     every row as a step of its own sequence would. shared=True (only where the native step
     reads the model's prompts, native_step.reads_prompts: a piece then gives what the whole
     prompt gives) puts the step's prompt pieces in that one forward too."""
+    # a recalled prompt's first token needs no forward (BatchSequence(recall=True))
+    outcomes: dict[BatchSequence, Outcome] = {
+        seq: seq.take_recalled() for seq in sequences if seq.recalled is not None}
+    sequences = [seq for seq in sequences if seq not in outcomes]
     prefills, decodes = plan_step(sequences, prefill_chunk, shared)
-    outcomes: dict[BatchSequence, Outcome] = {}
     clock = time.perf_counter()
     if shared and prefills:
         planned = [*prefills, *decodes]

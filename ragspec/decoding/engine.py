@@ -150,25 +150,41 @@ class Generator:
                  **kwargs) -> GenerationResult:
         return self.stream(prompt_ids, config, **kwargs).result()
 
-    def prompt_cache(self) -> tuple[prefix_cache.PrefixCache | None, str]:
-        """The prompt cache prompt reads use now, or None and why not (the path is not
-        exact piece by piece, prefix_cache.problem, or the budget is 0). Asked at every read:
-        the prompt-read path is a fact of the process, but tests switch it."""
-        reason = prefix_cache.problem(self.model)
-        if reason is not None:
-            return None, reason
+    def _budgeted_cache(self) -> prefix_cache.PrefixCache | None:
+        """The generator's prompt cache, made on first use; None with a budget of 0."""
         if self._prefix is None:
             budget = self._prompt_cache_bytes
             self._prefix = prefix_cache.PrefixCache(
                 prefix_cache.budget_bytes(self.model) if budget is None else budget)
-        if self._prefix.budget_bytes == 0:
-            return None, "turned off (a prompt cache of 0 MB)"
-        return self._prefix, ""
+        return self._prefix if self._prefix.budget_bytes else None
+
+    def prompt_cache(self) -> tuple[prefix_cache.PrefixCache | None, str]:
+        """The prompt cache whose pages prompt reads reuse now, or None and why not (the path
+        is not exact piece by piece, prefix_cache.problem, or the budget is 0). Asked at every
+        read: the prompt-read path is a fact of the process, but tests switch it."""
+        reason = prefix_cache.problem(self.model)
+        if reason is not None:
+            return None, reason
+        cache = self._budgeted_cache()
+        return (cache, "") if cache is not None else (None, "turned off (a prompt cache of 0 MB)")
+
+    def whole_prompts(self) -> prefix_cache.PrefixCache | None:
+        """The prompt cache that keeps and recalls identical prompts whole, where prefixes are
+        not reused but whole reads are (prefix_cache.whole_problem); else None."""
+        if prefix_cache.problem(self.model) is None or prefix_cache.whole_problem(self.model):
+            return None
+        return self._budgeted_cache()
 
     def prompt_cache_stats(self) -> dict:
-        """The prompt cache's counters (prefix_cache.PrefixStats), or why it is off."""
+        """The prompt cache's counters (prefix_cache.PrefixStats), or why it is off; where only
+        identical prompts are reused, the counters and "prefixes_off": why prefixes are not."""
         cache, why = self.prompt_cache()
-        return cache.stats().as_dict() if cache is not None else {"off": why}
+        if cache is not None:
+            return cache.stats().as_dict()
+        whole = self.whole_prompts()
+        if whole is not None:
+            return {**whole.stats().as_dict(), "prefixes_off": why}
+        return {"off": why}
 
     def fixed_step(self) -> tuple[fixed.FixedStep | None, str]:
         """The fixed-shape step decode and verify run on, or None; and how steps run (the
@@ -366,9 +382,12 @@ class GenerationStream:
 
     def _prefill(self) -> Step:
         self._cache = new_cache(self.gen.model)
-        start = self._reuse_prompt()
-        logits = forward(self.gen.model, self.prompt_ids[start:], self._cache, logits_to_keep=1)
-        self._keep_prompt()
+        logits = self._recall_prompt()
+        if logits is None:
+            start = self._reuse_prompt()
+            logits = forward(self.gen.model, self.prompt_ids[start:], self._cache,
+                             logits_to_keep=1)
+            self._keep_prompt(logits if start == 0 else None)
         step, self.stats.step = self.gen.fixed_step()
         if step is not None:  # the prompt read filled the cache; the steps run on a static one
             need = len(self.prompt_ids) + self.config.max_new_tokens
@@ -386,10 +405,29 @@ class GenerationStream:
         self.stats.cached_prompt_tokens = self._prefix.restore(self.prompt_ids, self._cache)
         return self.stats.cached_prompt_tokens
 
-    def _keep_prompt(self) -> None:
-        """Once the cache holds the whole prompt: keep its pages for later reads."""
+    def _recall_prompt(self) -> torch.Tensor | None:
+        """Where identical prompts are kept whole (Generator.whole_prompts) and this one is:
+        fill the fresh cache with it and return its last token's logits; else None."""
+        whole = self.gen.whole_prompts()
+        if whole is None:
+            return None
+        logits = whole.recall(self.prompt_ids, self._cache, prefix_cache.read_mark())
+        if logits is not None:
+            self.stats.cached_prompt_tokens = len(self.prompt_ids)
+            self.stats.prompt_cache_off = self.gen.prompt_cache()[1]  # why not by prefixes
+        return logits
+
+    def _keep_prompt(self, whole_logits: torch.Tensor | None = None) -> None:
+        """Once the cache holds the whole prompt: keep its pages for later reads, or, where
+        only identical prompts are reused and it was read in one forward (whole_logits, its
+        last token's), the whole prompt."""
         if self._prefix is not None:
             self._prefix.store(self.prompt_ids, self._cache)
+        elif whole_logits is not None:
+            whole = self.gen.whole_prompts()
+            if whole is not None:
+                whole.keep_whole(self.prompt_ids, self._cache, whole_logits,
+                                 prefix_cache.read_mark())
 
     def _propose(self) -> tuple[Match | None, list[int]]:
         """A match from the drafter (or the forced sequence) and the draft worth verifying."""

@@ -28,6 +28,18 @@ model's whole forward multiply a long prompt with de-quantised weights but a sho
 the int8 step kernels, and the module forward rounds a prompt's rows with the shapes of its
 forward — and GenerationStats.prompt_cache_off carries that line.
 
+Identical prompts on the other paths: `keep_whole(prompt, cache, logits, mark)` keeps a prompt
+read in ONE forward whole — every position's keys and values and its last token's logits — and
+`recall(prompt, cache, mark)` writes them into a fresh cache and returns the logits when the
+very same tokens come again (the chat's toggle, "ask again", a repeated request to `serve`),
+so no forward runs at all. Exact because nothing is computed: the cache and the logits are the
+bits the earlier whole read of the same tokens produced, and `mark` (the prompt-read precision,
+pages or not, torch's thread count) must match, so an entry is only used where the same call
+would have run. Used where pages are not exact but the native step reads prompts on the CPU
+(`whole_problem(model)` is None: bf16 and fp32 whole reads); the module forward keeps it off
+(the scheduler reads prompts there through another attention than the engine's). Entries share
+the pages' budget and least-recently-used order.
+
 Budget: `budget_bytes(model)`, the one reader of RAGSPEC_PROMPT_CACHE_MB (the CLI's
 --prompt-cache-mb sets it; 0 turns the cache off); default min(RAM / 16, 8 full contexts of the
 model's keys and values).
@@ -69,6 +81,23 @@ class Page:
 
 
 @dataclass
+class WholePrompt:
+    """A prompt read in one forward: `kv` (layers, 2, kv_heads, len(tokens), head_dim) and the
+    last token's `logits` (1, vocab), as that read left them; `mark` says how it was read."""
+
+    key: bytes
+    tokens: tuple[int, ...]
+    mark: tuple
+    kv: torch.Tensor
+    logits: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return (self.kv.numel() * self.kv.element_size()
+                + self.logits.numel() * self.logits.element_size())
+
+
+@dataclass
 class PrefixStats:
     """Counters since the cache was made. A lookup is a prompt that could have been reused."""
 
@@ -81,6 +110,8 @@ class PrefixStats:
     cached_tokens: int = 0  # of those, read from the cache
     stored_pages: int = 0
     evicted_pages: int = 0
+    prompts: int = 0  # whole prompts held (recall), beside the pages
+    recalled: int = 0  # lookups answered by a whole prompt: no forward at all
 
     @property
     def hit_rate(self) -> float:
@@ -91,7 +122,8 @@ class PrefixStats:
         return {"budget_bytes": self.budget_bytes, "bytes": self.bytes, "pages": self.pages,
                 "lookups": self.lookups, "hits": self.hits, "prompt_tokens": self.prompt_tokens,
                 "cached_tokens": self.cached_tokens, "hit_rate": round(self.hit_rate, 4),
-                "stored_pages": self.stored_pages, "evicted_pages": self.evicted_pages}
+                "stored_pages": self.stored_pages, "evicted_pages": self.evicted_pages,
+                "prompts": self.prompts, "recalled": self.recalled}
 
 
 def _key(parent: bytes, tokens) -> bytes:
@@ -100,6 +132,29 @@ def _key(parent: bytes, tokens) -> bytes:
 
 def _layers(cache) -> list:
     return cache.layers
+
+
+def _whole_key(tokens) -> bytes:
+    return b"whole:" + hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16).digest()
+
+
+def _write(cache, blocks: list[torch.Tensor], positions: int) -> None:
+    """Write `blocks` ((layers, 2, kv_heads, n, head_dim) each, in order) into the fresh
+    `cache`'s first `positions` positions."""
+    at = 0
+    for i, layer in enumerate(_layers(cache)):
+        first = blocks[0][i, 0].unsqueeze(0)
+        if not layer.is_initialized:
+            layer.lazy_initialization(first, first)
+        layer._reserve(positions, first, first)
+        at = 0
+        for block in blocks:
+            n = block.shape[-2]
+            layer._key_buf[0, :, at:at + n].copy_(block[i, 0])
+            layer._value_buf[0, :, at:at + n].copy_(block[i, 1])
+            at += n
+        layer._length = positions
+    assert at == positions, (at, positions)
 
 
 class PrefixCache:
@@ -126,7 +181,7 @@ class PrefixCache:
     def clear(self) -> None:
         with self._lock:
             self._pages.clear()
-            self._stats.bytes = self._stats.pages = 0
+            self._stats.bytes = self._stats.pages = self._stats.prompts = 0
 
     # -- lookup ---------------------------------------------------------------------------------
 
@@ -163,17 +218,59 @@ class PrefixCache:
             positions = len(chain) * self.page_tokens
             self._stats.cached_tokens += positions
             kv = [page.kv for page in chain]  # the pages stay alive if evicted meanwhile
-        size = self.page_tokens
-        for i, layer in enumerate(_layers(cache)):
-            first = kv[0][i, 0].unsqueeze(0)
-            if not layer.is_initialized:
-                layer.lazy_initialization(first, first)
-            layer._reserve(positions, first, first)
-            for j, pages in enumerate(kv):
-                layer._key_buf[0, :, j * size:(j + 1) * size].copy_(pages[i, 0])
-                layer._value_buf[0, :, j * size:(j + 1) * size].copy_(pages[i, 1])
-            layer._length = positions
+        _write(cache, kv, positions)
         return positions
+
+    # -- whole prompts --------------------------------------------------------------------------
+
+    def recall(self, prompt, cache, mark: tuple) -> torch.Tensor | None:
+        """If `prompt` was kept whole (keep_whole) under the same `mark`: write all its
+        positions into `cache`, a fresh cache, and return its last token's logits (1, vocab);
+        else None (nothing written). Counted as a lookup either way."""
+        prompt = [int(t) for t in prompt]
+        key = _whole_key(prompt)
+        with self._lock:
+            entry = self._pages.get(key)
+            self._stats.lookups += 1
+            self._stats.prompt_tokens += len(prompt)
+            if not isinstance(entry, WholePrompt) or entry.tokens != tuple(prompt) \
+                    or entry.mark != mark:
+                return None
+            self._pages.move_to_end(key)
+            self._stats.hits += 1
+            self._stats.recalled += 1
+            self._stats.cached_tokens += len(prompt)
+        _write(cache, [entry.kv], len(prompt))
+        return entry.logits.clone()
+
+    def keep_whole(self, prompt, cache, logits: torch.Tensor, mark: tuple) -> bool:
+        """Keep `prompt`, which `cache` holds from ONE forward that returned `logits` for its
+        last token, for recall under `mark`; False when it does not fit the budget."""
+        prompt = [int(t) for t in prompt]
+        layers = _layers(cache)
+        n = len(prompt)
+        if n == 0 or layers[0].get_seq_length() != n:
+            return False
+        k0 = layers[0]._key_buf
+        last = logits[-1:].detach().float()
+        size = (len(layers) * 2 * k0.shape[1] * n * k0.shape[-1] * k0.element_size()
+                + last.numel() * last.element_size())
+        if size > self.budget_bytes:
+            return False
+        kv = torch.empty((len(layers), 2, k0.shape[1], n, k0.shape[-1]), dtype=k0.dtype)
+        for i, layer in enumerate(layers):
+            kv[i, 0].copy_(layer._key_buf[0, :, :n])
+            kv[i, 1].copy_(layer._value_buf[0, :, :n])
+        entry = WholePrompt(_whole_key(prompt), tuple(prompt), mark, kv, last.clone())
+        with self._lock:
+            old = self._pages.pop(entry.key, None)
+            if old is not None:
+                self._forget(old)
+            self._pages[entry.key] = entry
+            self._stats.bytes += entry.nbytes
+            self._stats.prompts += 1
+            self._evict()
+        return True
 
     # -- store ----------------------------------------------------------------------------------
 
@@ -227,9 +324,12 @@ class PrefixCache:
             self._evict()
         return len(added)
 
-    def _forget(self, page: Page) -> None:
+    def _forget(self, page: Page | WholePrompt) -> None:
         self._stats.bytes -= page.nbytes
-        self._stats.pages -= 1
+        if isinstance(page, WholePrompt):
+            self._stats.prompts -= 1
+        else:
+            self._stats.pages -= 1
 
     def _evict(self) -> None:
         while self._stats.bytes > self.budget_bytes and self._pages:
@@ -254,6 +354,24 @@ def problem(model) -> str | None:
                 f"read; {PAGES_ENV}=1 reads them in pages, exactly")
     return ("this model's prompt reads run transformers' modules (the native step is not "
             "installed), whose rounding depends on the shape of the forward")
+
+
+def whole_problem(model) -> str | None:
+    """Why identical prompts are not recalled whole on this model (None: they are; see the
+    module docstring)."""
+    from ragspec.decoding import native_step
+
+    if native_step.installed(model) and model.device.type == "cpu":
+        return None
+    return ("this model's prompt reads run transformers' modules (the native step is not "
+            "installed), which the scheduler and the engine run with different attention")
+
+
+def read_mark() -> tuple:
+    """How a prompt read runs in this process now (see recall): precision, pages, threads."""
+    from ragspec.decoding.packed import prefill_precision, reads_in_pages
+
+    return prefill_precision(), reads_in_pages(), torch.get_num_threads()
 
 
 def kv_bytes_per_token(model) -> int:

@@ -169,6 +169,9 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk if gen.speculation_off_reason is None else None
         # prompt pieces ride in the decoding rows' forward where a piece reads as the whole
         self.shared = self.packing_problem is None and native_step.reads_prompts(gen.model)
+        # every prompt read in one forward, as the engine reads it: an identical prompt kept
+        # whole may be recalled (prefix_cache.PrefixCache.recall)
+        self.reads_whole = self.prefill_chunk is None and not self.shared
         if self.packing_problem:
             logger.info("one forward per request per step: %s", self.packing_problem)
         self._waiting: collections.deque[Request] = collections.deque()
@@ -253,7 +256,7 @@ class Scheduler:
                 continue
             try:
                 request.sequence = BatchSequence(self.gen, request.prompt_ids, request.config,
-                                                 request.sources)
+                                                 request.sources, recall=self.reads_whole)
             except ValueError as exc:
                 request._finish(str(exc), "invalid")
                 continue

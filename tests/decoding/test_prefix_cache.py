@@ -5,8 +5,9 @@ Where the native step is installed — int8 prompt reads, and bf16 and fp32 ones
 cache leaves the KV cache and the logits bit for bit as one whole read does, and the answer
 equals the uncached engine's and transformers' greedy `generate`'s, alone and through the
 scheduler (the chat's toggle: the same prompt twice). bf16 and fp32 reads of the whole forward
-(no pages; the test measures that a read in two pieces rounds otherwise) and the module forward
-keep the cache off, and the stats say why.
+(no pages; the test measures that a read in two pieces rounds otherwise) reuse no prefix but
+recall an identical prompt whole, bit for bit as its one read left it (engine and scheduler);
+the module forward keeps the cache off; the stats say why.
 The budget holds; a full one costs only misses; a page is never used after another prefix than
 its own, nor the page holding a prompt's last token (a step's read) kept.
 """
@@ -186,22 +187,118 @@ def test_the_scheduler_reuses_prompts_and_gives_the_solo_answers(packed, tiny_to
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_dequantised_prompt_reads_round_otherwise_in_pieces_so_without_pages_the_cache_is_off(
+def test_dequantised_prompt_reads_round_otherwise_in_pieces_so_only_identical_prompts_are_reused(
         packed, tiny_tokenizer, monkeypatch, precision):
+    """Without pages a bf16 or fp32 prompt read in two pieces rounds otherwise than one read, so
+    no prefix is reused; an identical prompt is recalled whole (its cache and last logits as the
+    one read left them), and the answer is the uncached one."""
     _precision(monkeypatch, precision, pages=False)
-    prompt = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 10)[0]
+    prompt, other = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 10, tails=(37, 20))
     # measured: the prefix read as a prompt, the rest (a step's rows) as the cache would have it
     whole, pieces = new_cache(packed), new_cache(packed)
     want = _read(packed, prompt, whole)
     _read(packed, prompt[:2 * PAGE_TOKENS], pieces)
     got = _read(packed, prompt, pieces, 2 * PAGE_TOKENS)
     assert not torch.equal(got, want)
+    cold = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=0)
     gen = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
-    for _ in range(2):
-        stats = gen.generate(prompt, PLAIN).stats
+    for p in (prompt, other):  # a shared prefix is read again: it would round otherwise
+        stats = gen.generate(p, PLAIN).stats
         assert stats.cached_prompt_tokens == 0
         assert precision in stats.prompt_cache_off and PAGES_ENV in stats.prompt_cache_off
-    assert "off" in gen.prompt_cache_stats()
+    for config in (PLAIN, SPEC):  # "ask again", then the chat's toggle: the same tokens
+        again = gen.generate(prompt, config)
+        assert again.stats.cached_prompt_tokens == len(prompt)
+        assert precision in again.stats.prompt_cache_off
+        assert again.token_ids == cold.generate(prompt, config).token_ids
+    stats = gen.prompt_cache_stats()
+    assert stats["recalled"] == 2 and stats["prompts"] == 2 and PAGES_ENV in stats["prefixes_off"]
+    assert stats["pages"] == 0 and 0 < stats["bytes"] <= BIG
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_recalled_prompt_is_bit_for_bit_the_one_read_and_only_under_the_same_read(
+        packed, monkeypatch, precision):
+    _precision(monkeypatch, precision, pages=False)
+    prompt, other = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 10, tails=(37, 36))
+    whole = new_cache(packed)
+    want = _read(packed, prompt, whole)
+    kept = PrefixCache(BIG)
+    mark = prefix_cache.read_mark()
+    assert kept.keep_whole(prompt, whole, want, mark)
+    recalled = new_cache(packed)
+    logits = kept.recall(prompt, recalled, mark)
+    assert torch.equal(logits, want.float())
+    _assert_same_cache(recalled, whole, len(prompt))
+    # another read, another prompt of the same length, or a prefix of it: nothing is written
+    for p, m in ((prompt, ("int8", False, mark[2])), (prompt, (*mark[:2], mark[2] + 1)),
+                 (other, mark), (prompt[:-1], mark)):
+        fresh = new_cache(packed)
+        assert kept.recall(p, fresh, m) is None and fresh.get_seq_length() == 0
+    stats = kept.stats()
+    assert stats.lookups == 5 and stats.recalled == stats.hits == 1
+    assert stats.cached_tokens == len(prompt)
+
+
+def test_whole_prompts_keep_within_the_budget_least_recently_used_first(packed, monkeypatch):
+    _precision(monkeypatch, "bf16", pages=False)
+    prompts = [_prompts(packed.config.vocab_size, 40, tails=(1,), seed=s)[0] for s in range(3)]
+    mark = prefix_cache.read_mark()
+    caches = []
+    for p in prompts:
+        c = new_cache(packed)
+        caches.append((c, _read(packed, p, c)))
+    one = PrefixCache(BIG)
+    assert one.keep_whole(prompts[0], *caches[0], mark)
+    size = one.stats().bytes
+    kept = PrefixCache(2 * size)
+    assert kept.keep_whole(prompts[0], *caches[0], mark)
+    assert kept.keep_whole(prompts[1], *caches[1], mark)
+    assert kept.recall(prompts[0], new_cache(packed), mark) is not None  # 0 is now the newer
+    assert kept.keep_whole(prompts[2], *caches[2], mark)  # makes room: 1 goes
+    assert kept.recall(prompts[1], new_cache(packed), mark) is None
+    for p in (prompts[0], prompts[2]):
+        assert kept.recall(p, new_cache(packed), mark) is not None
+    stats = kept.stats()
+    assert stats.bytes <= 2 * size and stats.prompts == 2 and stats.evicted_pages == 1
+    assert not PrefixCache(size - 1).keep_whole(prompts[0], *caches[0], mark)  # never fits
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_the_scheduler_recalls_an_identical_prompt_where_it_reads_prompts_whole(
+        packed, tiny_tokenizer, monkeypatch, precision):
+    """The chat's toggle through the scheduler on whole bf16/fp32 reads: the second run of the
+    prompt runs no prompt forward and answers as the solo engine; two identical requests at once
+    both get the solo answer. A scheduler that reads prompts in chunks (they round otherwise
+    than one read) never recalls."""
+    _precision(monkeypatch, precision, pages=False)
+    prompt, other = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 2, tails=(20, 33))
+    cold = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=0)
+    solo = {(i, c is SPEC): cold.generate(p, c).token_ids
+            for i, p in enumerate((prompt, other)) for c in (PLAIN, SPEC)}
+    warm = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
+    scheduler = Scheduler(warm)
+    assert scheduler.reads_whole
+    try:
+        first = scheduler.submit(prompt, PLAIN).result()
+        assert first.stats.cached_prompt_tokens == 0 and first.token_ids == solo[0, False]
+        toggled = scheduler.submit(prompt, SPEC).result()
+        assert toggled.stats.cached_prompt_tokens == len(prompt)
+        assert toggled.token_ids == solo[0, True]
+        together = [scheduler.submit(other, c) for c in (PLAIN, SPEC, PLAIN)]
+        results = [r.result() for r in together]
+        assert [r.token_ids for r in results] == [solo[1, False], solo[1, True], solo[1, False]]
+    finally:
+        scheduler.close()
+    assert warm.prompt_cache_stats()["recalled"] >= 1
+    chunked = Scheduler(Generator(packed, tiny_tokenizer, eos_token_ids=[2],
+                                  prompt_cache_bytes=BIG), prefill_chunk=16)
+    assert not chunked.reads_whole
+    try:
+        for c in (PLAIN, SPEC):
+            assert chunked.submit(prompt, c).result().stats.cached_prompt_tokens == 0
+    finally:
+        chunked.close()
 
 
 def test_the_module_forward_keeps_the_cache_off_and_says_why(tiny_gen):
