@@ -3,8 +3,8 @@
 Usage:
   PYTHONPATH=. .venv/bin/python -m ragspec.bench.load_test --corpus /work/corpora/dev \\
       --questions data/realdocs/dev/questions.jsonl [--clients 1,2,4,8,16] [--limit 16] \\
-      [--max-tokens 128] [--prefill-chunk N] [--faults] [--malformed 1000] [--anchor 4]
-      [--out results.json]
+      [--max-tokens 128] [--prefill-chunk N] [--prompt-cache-mb MB] [--faults]
+      [--malformed 1000] [--anchor 4] [--out results.json]
 
 What it does (everything on 127.0.0.1, every loop bounded in count and time, --max-seconds
 for the whole run):
@@ -101,8 +101,8 @@ class Server:
         self.url = f"http://{HOST}:{port}"
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float | None = None) -> None:
-        timeout = timeout or self.args.start_timeout
+    def argv(self) -> list[str]:
+        """The `ragspec serve` command line."""
         argv = [RAGSPEC, "serve", "--host", HOST, "--port", str(self.port), "--index",
                 str(self.index), "--max-active", str(self.args.max_active),
                 "--max-tokens", str(self.args.max_tokens)]
@@ -110,8 +110,15 @@ class Server:
             argv += ["--model", self.args.model]
         if self.args.prefill_chunk:
             argv += ["--prefill-chunk", str(self.args.prefill_chunk)]
+        cache_mb = getattr(self.args, "prompt_cache_mb", None)
+        if cache_mb is not None:
+            argv += ["--prompt-cache-mb", str(cache_mb)]
+        return argv
+
+    def start(self, timeout: float | None = None) -> None:
+        timeout = timeout or self.args.start_timeout
         with open(self.log, "a") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
                                             env=self.env)
         wait_healthy(self.url, self.process, timeout, f"see {self.log}")
 
@@ -365,7 +372,7 @@ def anchor_case(index: Path, questions: list[str], solo: dict[str, dict], max_to
 
 # -- main -------------------------------------------------------------------------------------
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", type=Path, help="documents to ingest into a temporary index")
     parser.add_argument("--index", type=Path, help="an index already built (instead of --corpus)")
@@ -377,6 +384,10 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill-chunk", type=int, default=None,
                         help="the server's --prefill-chunk (default: the server's own)")
     parser.add_argument("--model", default=None)
+    parser.add_argument("--prompt-cache-mb", type=int, default=0, metavar="MB",
+                        help="the server's prompt cache (default 0: off, as `bench` and `eval` "
+                             "time; on, every level after the solo one would reuse the solo "
+                             "level's prompts of the same questions)")
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--malformed", type=int, default=1000)
     parser.add_argument("--anchor", type=int, default=0,
@@ -389,6 +400,11 @@ def main(argv=None) -> int:
                         help="seconds the server may take to come up (a first start builds the "
                              "kernels and measures the forward cost; default 600)")
     parser.add_argument("--out", type=Path)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if (args.corpus is None) == (args.index is None):
         parser.error("give --corpus or --index")

@@ -11,9 +11,21 @@ import serve_support
 
 from ragspec.bench import load_test
 
-pytestmark = pytest.mark.slow
+
+def test_the_server_runs_without_a_prompt_cache_unless_asked(tmp_path):
+    """Every level after the solo one asks the solo level's questions again: with the server's
+    prompt cache on it would reuse their prompts, and the levels' speeds would be the cache's."""
+    def argv(*extra):
+        args = load_test.build_parser().parse_args(["--index", "i", "--questions", "q", *extra])
+        return load_test.Server(tmp_path, 1, args, tmp_path / "log").argv()
+
+    default = argv()
+    assert default[default.index("--prompt-cache-mb") + 1] == "0"
+    asked = argv("--prompt-cache-mb", "256")
+    assert asked[asked.index("--prompt-cache-mb") + 1] == "256"
 
 
+@pytest.mark.slow
 def test_load_test_reports_levels_faults_and_the_ask_anchor(tmp_path, tiny_tokenizer,
                                                             monkeypatch):
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
