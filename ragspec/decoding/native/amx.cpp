@@ -21,7 +21,8 @@
 // AMX-INT8); elsewhere `ready()` is false and the VNNI/AVX2 kernels run. At run time the CPU's
 // CPUID bits are checked and Linux is asked for the tile state (arch_prctl
 // ARCH_REQ_XCOMP_PERM), once per process; if either says no, the unit is not used.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>

@@ -8,7 +8,8 @@
 // vector passes over a row that is still in cache from the output product: the maximum, then its
 // first position. No arithmetic is involved (comparisons only), so the result is exactly
 // torch.argmax's on every row.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <cmath>

@@ -10,7 +10,8 @@
 // Keys and values are fp32 or fp16 (IEEE half, the KV cache's storage on the CPU: half the bytes
 // a step reads from the cache). fp16 elements are widened to fp32 as they are loaded; all the
 // arithmetic is fp32 and the same for both storages.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -22,7 +22,8 @@
 //
 // Build: compiled on the machine that runs it (-march=native); without AVX2/FMA the scalar
 // code runs, with the same guarantee.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

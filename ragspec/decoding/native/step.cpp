@@ -22,7 +22,8 @@
 // its own cache buffers at its own positions: the products read each weight once for all the
 // blocks' rows, while norms, rotary positions, cache writes and attention stay per row and per
 // block — so each block gets, bit for bit, what `forward` gives it alone (row invariance again).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
