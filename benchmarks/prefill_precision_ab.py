@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--out", default="")
     args = parser.parse_args()
 
+    from ragspec import cpuinfo
     from ragspec.decoding import native, packed
     from ragspec.decoding.cache import new_cache
     from ragspec.decoding.engine import forward
@@ -94,7 +95,9 @@ def main() -> None:
                   f"--{k} {v}" for k, v in (("tokens", args.tokens), ("rounds", args.rounds)) if v),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                        text=True).stdout.strip(),
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+              "machine": f"{cpuinfo.field('model name') or platform.machine()} (family "
+                         f"{cpuinfo.field('cpu family')} model {cpuinfo.field('model')}), "
+                         f"{os.cpu_count()} CPUs, "
                          f"{torch.get_num_threads()} torch threads",
               "texts": list(MANPAGES) if not args.files else args.files.split(","),
               "loads": loads, "summary": summary, "times": times}
