@@ -3,8 +3,11 @@ and the bundled SmolLM2 (slow tests, converted once into a cache shared across r
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import string
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,12 @@ MODEL_CACHE = Path(os.environ.get("RAGSPEC_TEST_MODEL_CACHE", REPO / ".ragspec-h
 # ragspec's CPU kernels are compiled once (about a minute) and shared by every test and every
 # command a test runs, whatever RAGSPEC_HOME it sets.
 os.environ.setdefault("RAGSPEC_KERNELS_DIR", str(MODEL_CACHE / "kernels"))
+# ragspec's machine-wide cache (the model cache of a data folder without its own, ragspec.paths)
+# is a temporary folder: one for the session, and one per test (the autouse fixture below), so
+# a test's "first run" is never another test's second.
+_SESSION_CACHE = tempfile.mkdtemp(prefix="ragspec-test-cache-")
+atexit.register(shutil.rmtree, _SESSION_CACHE, True)
+os.environ["RAGSPEC_CACHE_DIR"] = _SESSION_CACHE
 # The chat loads its first model in the background when a page first runs; the page tests load
 # what they ask for themselves (tests/web/test_ui_warm.py turns it on).
 os.environ.setdefault("RAGSPEC_UI_WARM", "0")
@@ -208,3 +217,9 @@ def opened():
     yield open_
     for store in stores:
         store.close()
+
+
+@pytest.fixture(autouse=True)
+def _machine_cache(tmp_path, monkeypatch):
+    """Each test's own ragspec cache folder (see _SESSION_CACHE above)."""
+    monkeypatch.setenv("RAGSPEC_CACHE_DIR", str(tmp_path / "ragspec-cache"))

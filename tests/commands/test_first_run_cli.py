@@ -11,6 +11,7 @@ from conftest import save_model_folder
 from fakes import HashEmbedder
 
 import ragspec.loading as loading
+from ragspec import paths
 from ragspec.cli import main
 from ragspec.decoding import calibrate
 from ragspec.retrieval.faiss.store import PassageStore
@@ -24,7 +25,7 @@ LATER = "Measuring this machine's forward cost for the next runs"
 def home(tmp_path, monkeypatch, tiny_model, tiny_tokenizer):
     home = tmp_path / "home"
     monkeypatch.setenv("RAGSPEC_HOME", str(home))
-    monkeypatch.delenv("RAGSPEC_MODEL_CACHE", raising=False)  # the new home's own model cache
+    monkeypatch.delenv("RAGSPEC_MODEL_CACHE", raising=False)  # the test's own machine cache
     monkeypatch.delenv("RAGSPEC_EMBEDDER", raising=False)
     monkeypatch.setattr(loading, "cached_embedder", lambda name: HashEmbedder())
     doc = tmp_path / "metrics.txt"
@@ -53,7 +54,7 @@ def test_a_first_ask_answers_before_it_measures_and_the_next_one_does_not_measur
     assert "it is measured after the answer" in out
     assert out.index("tokens in") < out.index(LATER) < out.index("Measured; cached in")
     assert calls == [1]
-    assert (folder / "models" / calibrate.COSTS_FILE).is_file()
+    assert (paths.models_dir() / calibrate.COSTS_FILE).is_file()
     second = ask(model)
     assert second.exit_code == 0, second.output
     assert "forward cost" not in second.output and calls == [1]
@@ -68,7 +69,7 @@ def test_a_first_ask_on_a_busy_machine_caches_nothing_and_says_the_next_run_trie
     assert first.exit_code == 0, first.output
     assert first.output.index("tokens in") < first.output.index(LATER)
     assert "too busy to measure it: the next run tries again" in first.output
-    assert not (folder / "models" / calibrate.COSTS_FILE).exists()
+    assert not (paths.models_dir() / calibrate.COSTS_FILE).exists()
     second = ask(model)
     assert LATER in second.output  # tried again, after the answer again
 

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from ragspec import paths
 from ragspec.decoding import calibrate
 from ragspec.decoding.calibrate import Calibration, CostWatch, cost_key, load_or_measure
 from ragspec.decoding.engine import Generator
@@ -370,7 +371,8 @@ def test_calibrate_measures_caches_and_shows_the_curve(calibrate_cli):
     shown = runner.invoke(main, ["calibrate", "--show", "--json"])
     data = json.loads(shown.stdout)
     assert data["saved"] and len(data["seconds"]) == 4 and data["rounds"] == calibrate.ROUNDS
-    assert data["file"] == str(calibrate_cli / "models" / calibrate.COSTS_FILE)
+    assert data["file"] == str(paths.models_dir() / calibrate.COSTS_FILE)
+    assert paths.models_dir() == calibrate_cli / "ragspec-cache" / "models"  # the machine's
 
 
 def test_calibrate_says_why_a_curve_cut_short_is_not_cached(calibrate_cli, monkeypatch):
@@ -385,7 +387,7 @@ def test_calibrate_says_why_a_curve_cut_short_is_not_cached(calibrate_cli, monke
     cut = runner.invoke(main, ["calibrate", "--max-draft", "1", "--max-seconds", "5"])
     assert cut.exit_code == 0, cut.output
     assert "(at most 5 s)" in cut.output and "only 2 rounds finished in time" in cut.output
-    assert not (calibrate_cli / "models" / calibrate.COSTS_FILE).exists()
+    assert not (paths.models_dir() / calibrate.COSTS_FILE).exists()
     nothing = runner.invoke(main, ["calibrate", "--max-draft", "1", "--max-seconds", "5"])
     assert nothing.exit_code == 1 and "not one round of the measurement finished" in nothing.output
 

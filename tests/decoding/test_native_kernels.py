@@ -253,19 +253,32 @@ def test_the_prefetch_distance_is_compiled_from_the_cpus_maker(tmp_path, monkeyp
     assert keys["AuthenticAMD"] != keys["GenuineIntel"]
 
 
-def test_every_data_folder_shares_one_kernel_build(tmp_path, monkeypatch):
+def test_every_data_folder_shares_one_kernel_build_and_one_model_cache(tmp_path, monkeypatch):
     """The build depends on the machine, not on RAGSPEC_HOME or the model cache: two homes (a
     checkout's .ragspec-home and a plain shell's ~/.ragspec) find the same folder, in the user's
-    cache folder, so a new home never compiles again; RAGSPEC_KERNELS_DIR moves it."""
+    cache folder, so a new home never compiles again; RAGSPEC_KERNELS_DIR moves it. The model
+    cache (converted weights, forward costs) is shared the same way, except by a home that
+    already has its own models/ folder."""
     from ragspec import paths
 
     monkeypatch.delenv(native.KERNELS_ENV, raising=False)
+    monkeypatch.delenv(paths.CACHE_ENV, raising=False)
+    monkeypatch.delenv(paths.MODEL_CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    folders = set()
+    folders, models = set(), set()
     for home in ("one", "two"):
         monkeypatch.setenv(paths.ENV_VAR, str(tmp_path / home))
         folders.add(native.build_folder(paths.models_dir()))
+        models.add(paths.models_dir())
     assert folders == {tmp_path / "cache" / "ragspec" / "kernels" / native.build_key()}
+    assert models == {tmp_path / "cache" / "ragspec" / "models"}
+    (tmp_path / "two" / "models").mkdir(parents=True)  # a data folder from before keeps its own
+    assert paths.models_dir() == tmp_path / "two" / "models"
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "moved"))
+    monkeypatch.setenv(paths.ENV_VAR, str(tmp_path / "one"))
+    assert paths.models_dir() == tmp_path / "moved" / "models"
+    assert native.build_folder().parent == tmp_path / "moved" / "kernels"
+    monkeypatch.delenv(paths.CACHE_ENV)
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
     assert native.build_folder().parent == tmp_path / "user" / ".cache" / "ragspec" / "kernels"
