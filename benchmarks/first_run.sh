@@ -5,11 +5,11 @@
 # of the bundled documents, then `ragspec ask`); (B) a machine that never ran ragspec (an empty
 # cache folder, RAGSPEC_CACHE_DIR): make demo's steps, ingest, `calibrate --if-missing`,
 # then the same `ask`. Prints each line of the commands with a clock time, and the seconds of
-# each step; docs/results/first-run-new-home.md records a run. Usage: bash benchmarks/first_run.sh
+# each step; docs/results/first-run-new-home.md records a run. Usage: [BURNERS=2] bash benchmarks/first_run.sh
 cd "$(dirname "$0")/.." || exit 1
 work=$(mktemp -d)
 ts() { while IFS= read -r l; do echo "$(date +%T.%N | cut -c1-10) $l"; done; }
-for _ in 1 2; do python3 -c "while True: pass" & done
+for _ in $(seq "${BURNERS:-2}"); do python3 -c "while True: pass" & done
 hogs=$(jobs -p)
 trap 'kill $hogs 2>/dev/null; rm -rf "$work"' EXIT
 sleep 5
