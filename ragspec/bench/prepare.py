@@ -74,7 +74,7 @@ def build_setup(model: str | None, corpus: str, index: str | None,
         failures = ingest_corpus(store, corpus)
         prepared = prepare_prompts(generator, store, questions, max_new_tokens, failures,
                                    trim=trim)
-    servers = _open_servers(model, llama_server, n_ctx, methods, log)
+    servers = open_servers(model, llama_server, n_ctx, methods, log)
     return Setup(loaded.name, describe_device(loaded), generator, prepared, failures, anchors,
                  stock, servers)
 
@@ -90,7 +90,7 @@ def _gguf_of(model: str | None) -> Path | None:
     return None
 
 
-def _open_servers(model: str | None, wanted: bool | None, n_ctx: int,
+def open_servers(model: str | None, wanted: bool | None, n_ctx: int,
                   methods: Sequence[str] | None, log):
     from ragspec.bench.anchors import build as anchor_build
     from ragspec.bench.anchors.llama_server import SERVER_METHODS, LlamaServers

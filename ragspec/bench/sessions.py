@@ -14,7 +14,9 @@ stream: the first span, the last), the prompt tokens, those the prompt cache sup
 prompt tokens the previous turn's prompt began with (the prefix any cache could reuse), the
 snippet recall of the answer (ragspec.eval.quality), and whether the cache-on answer's token
 ids equal the cache-off one's. `summarize` gives medians for turn 1 and for turns 2 and later.
-Knows nothing of click.
+`run_llama_sessions` gives llama-server the very prompts ragspec read (its cache off, then on,
+session after session on one slot) and `summarize_llama` its medians, how many of its answers
+its cache changed, and ragspec's times over its. Knows nothing of click.
 """
 
 from __future__ import annotations
@@ -64,13 +66,15 @@ def without_prompt_cache(generator):
 
 def run_sessions(store, generator, sessions: Sequence[Session], config, *,
                  pipeline_config=None, order: str = "rank", cold=None, compare: bool = True,
-                 progress: Callable[[str], None] = lambda line: None) -> list[dict]:
+                 progress: Callable[[str], None] = lambda line: None,
+                 keep_prompts: bool = False) -> list[dict]:
     """Every session asked with the prompt cache off (`cold`, default without_prompt_cache) then
     on (`generator`); one dict per session: {"source", "turns": [...]} (module docstring).
     config: the GenerationConfig of every answer (greedy); pipeline_config: the prompt's
     settings (ragspec.pipeline.PipelineConfig), keep_places set from `order`. compare=False:
     the cache-on run alone (no identity check, "identical" None; half the time, for comparing
-    orders)."""
+    orders). keep_prompts: each turn keeps its prompt's token ids ("prompt_ids"), for
+    run_llama_sessions."""
     from ragspec.pipeline import Pipeline, PipelineConfig
 
     if order not in ORDERS:
@@ -94,8 +98,11 @@ def run_sessions(store, generator, sessions: Sequence[Session], config, *,
             off = runs["off"][i] if compare else None
             turn = {"id": on.pop("id"), "turn": on.pop("turn"), "on": on, "identical": None}
             ids = on.pop("token_ids")
+            prompt = on.pop("prompt_ids")
+            if keep_prompts:
+                turn["prompt_ids"] = prompt
             if off is not None:
-                off.pop("id"), off.pop("turn")
+                off.pop("id"), off.pop("turn"), off.pop("prompt_ids")
                 turn.update(off=off, identical=off.pop("token_ids") == ids)
             turns.append(turn)
         out.append({"source": session.source, "turns": turns})
@@ -122,6 +129,7 @@ def ask_session(pipeline, session: Session, config) -> list[dict]:
         shared = 0 if previous is None else common_prefix(previous.prompt_ids, prompt)
         turns.append({
             "id": q.id, "turn": n, "token_ids": list(result.token_ids),
+            "prompt_ids": list(prompt),
             "ttft_seconds": (first if first is not None else end) - start,
             "seconds": end - start, "new_tokens": len(result.token_ids),
             "stop_reason": stats.stop_reason, "prompt_tokens": len(prompt),
@@ -138,6 +146,64 @@ def ask_session(pipeline, session: Session, config) -> list[dict]:
                     {"role": "assistant", "content": result.text}]
         previous = prepared
     return turns
+
+
+def run_llama_sessions(servers, sessions: Sequence[dict], max_new_tokens: int,
+                       eos_ids: set[int], stop_factory: Callable[[], Callable[[int], bool]],
+                       method: str = "llama_server",
+                       progress: Callable[[str], None] = lambda line: None) -> None:
+    """llama-server on the very prompts ragspec's sessions read (run_sessions(keep_prompts=
+    True)): every turn of every session with its prompt cache off, then every session again in
+    order with it on, on its one slot (the previous turn's prompt stays there, so a turn reuses
+    the prefix it shares with it, as llama-server's users run it). Adds to each turn
+    "llama_server": {"off": {...}, "on": {...}, "identical": on's tokens == off's}, and drops
+    "prompt_ids". The answer ends where ragspec's would (stop_factory: a fresh stop rule)."""
+    def run(prompt, cache):
+        r = servers.generate(method, prompt, max_new_tokens, eos_ids, stop=stop_factory(),
+                             cache_prompt=cache)
+        return r, {"ttft_seconds": r.ttft_seconds, "seconds": r.seconds,
+                   "new_tokens": len(r.token_ids), "prompt_tokens": len(prompt),
+                   "cached_prompt_tokens": int(r.server.get("cache_n", 0) or 0),
+                   "cached_share": int(r.server.get("cache_n", 0) or 0) / len(prompt)}
+
+    tokens = {}
+    for cache in (False, True):
+        for session in sessions:
+            progress(f"{session['source']} (llama-server, prompt cache {'on' if cache else 'off'})")
+            for turn in session["turns"]:
+                r, row = run(turn["prompt_ids"], cache)
+                entry = turn.setdefault("llama_server", {})
+                entry["on" if cache else "off"] = row
+                if cache:
+                    entry["identical"] = r.token_ids == tokens[turn["id"], turn["turn"]]
+                else:
+                    tokens[turn["id"], turn["turn"]] = r.token_ids
+    for session in sessions:
+        for turn in session["turns"]:
+            turn.pop("prompt_ids", None)
+
+
+def summarize_llama(sessions: Sequence[dict]) -> dict | None:
+    """Medians of llama-server's turns (first, later; cache off, on), how many of its answers
+    changed with its cache on, and ragspec's (cache on) over llama-server's (cache on)."""
+    turns = [t for s in sessions for t in s["turns"] if "llama_server" in t]
+    if not turns:
+        return None
+    out: dict = {"turns": len(turns),
+                 "changed_with_cache": [t["id"] for t in turns
+                                        if t["llama_server"]["identical"] is False]}
+    for part, chosen in (("first", [t for t in turns if t["turn"] == 1]),
+                         ("later", [t for t in turns if t["turn"] > 1])):
+        row: dict = {"turns": len(chosen)}
+        for cache in ("off", "on"):
+            row[cache] = {key: _median([t["llama_server"][cache][key] for t in chosen])
+                          for key in ("ttft_seconds", "seconds", "cached_share", "new_tokens")}
+        for key in ("ttft_seconds", "seconds"):
+            ours = _median([t["on"][key] for t in chosen])
+            theirs = row["on"][key]
+            row[f"ragspec_over_llama_{key}"] = ours / theirs if ours and theirs else None
+        out[part] = row
+    return out
 
 
 def summarize(sessions: Sequence[dict]) -> dict:
@@ -206,6 +272,20 @@ def format_summary(run: dict) -> str:
             lines.append(f"  {name:8} cache {cache:3}  first token {r['ttft_seconds']:.3f} s  "
                          f"answer {r['seconds']:.3f} s  cached {r['cached_share']:.0%}  "
                          f"recall {recall}")
+    llama = (run.get("llama_server") or {}).get("summary")
+    for part, name in (("first", "turn 1"), ("later", "turns 2+")) if llama else ():
+        row = llama[part]
+        for cache in ("off", "on"):
+            r = row[cache]
+            if r["ttft_seconds"] is None:
+                continue
+            lines.append(f"  {name:8} llama-server, cache {cache:3}  first token "
+                         f"{r['ttft_seconds']:.3f} s  answer {r['seconds']:.3f} s  cached "
+                         f"{r['cached_share']:.0%}")
+    if llama:
+        changed = llama["changed_with_cache"]
+        lines.append(f"llama-server: {len(changed)} of {llama['turns']} answers changed with its "
+                     f"prompt cache on" + (f" ({', '.join(changed)})" if changed else ""))
     if s["all_identical"] is None:
         lines.append("no run without the cache: identity not checked")
     else:

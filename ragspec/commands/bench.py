@@ -84,7 +84,10 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
                    '"source"), in order, each turn after the ones before it, every session with '
                    "the prompt cache off and then on; per turn: the first token's time, the "
                    "whole answer's, the share of the prompt the cache supplied and whether the "
-                   "answer is identical to the cache-off one. --limit counts sessions.")
+                   "answer is identical to the cache-off one. --limit counts sessions. With "
+                   "--llama-server, llama-server reads the same prompt ids of the same GGUF "
+                   "file, every turn with its prompt cache off and then on (its default), and "
+                   "the summary says how many of its answers the cache changed.")
 @click.option("--session-order", type=click.Choice(sessions_core.ORDERS), default="rank",
               show_default=True,
               help="With --sessions: rank (every turn in rank order, as the product builds "
@@ -120,7 +123,7 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
     """
     if sessions:
         _sessions(corpus, questions_file, max_new_tokens, model, limit, index, out, weights,
-                  as_json, session_order, cache_off, trim)
+                  as_json, session_order, cache_off, trim, llama_server=bool(llama_server))
         return
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     try:
@@ -162,15 +165,18 @@ def bench(corpus: str, questions_file: str, max_new_tokens: int, model: str | No
 
 def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str | None,
               limit: int | None, index: str | None, out: str | None, weights: str,
-              as_json: bool, order: str, compare: bool = True, trim: int = DEFAULT_TRIM) -> None:
-    """`bench --sessions` (ragspec.bench.sessions): set up, run, write and print."""
+              as_json: bool, order: str, compare: bool = True, trim: int = DEFAULT_TRIM,
+              llama_server: bool = False) -> None:
+    """`bench --sessions` (ragspec.bench.sessions): set up, run, write and print; with
+    llama_server (`--llama-server`), llama-server on the same GGUF file and prompt ids too."""
     import os
     import tempfile
     import time
 
     from ragspec.bench import provenance
-    from ragspec.bench.prepare import ingest_corpus
-    from ragspec.decoding.types import GenerationConfig
+    from ragspec.bench.prepare import ingest_corpus, open_servers
+    from ragspec.decoding.repetition import RepetitionGuard
+    from ragspec.decoding.types import ANSWER_REPEAT, GenerationConfig
     from ragspec.loading import describe_device, load_generator, open_store
     from ragspec.models.load import ModelNotFound
     from ragspec.pipeline import PipelineConfig
@@ -192,11 +198,22 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
             log(f"Ingesting {corpus} ...")
             failures = ingest_corpus(store, corpus)
             config = GenerationConfig(max_new_tokens=max_new_tokens)
-            ran = sessions_core.run_sessions(store, generator, groups, config, order=order,
-                                             compare=compare,
-                                             pipeline_config=PipelineConfig(
-                                                 max_new_tokens=max_new_tokens, trim=trim),
-                                             progress=lambda line: log(f"session {line}"))
+            servers = (open_servers(model, True, generator.context_length, ["llama_server"],
+                                    log) if llama_server else None)
+            try:
+                ran = sessions_core.run_sessions(
+                    store, generator, groups, config, order=order, compare=compare,
+                    pipeline_config=PipelineConfig(max_new_tokens=max_new_tokens, trim=trim),
+                    progress=lambda line: log(f"session {line}"), keep_prompts=bool(servers))
+                if servers is not None:
+                    repeat = ANSWER_REPEAT
+                    sessions_core.run_llama_sessions(
+                        servers, ran, max_new_tokens, set(generator.eos_token_ids),
+                        lambda: RepetitionGuard(repeat.stop_ngram, repeat.stop_count).push,
+                        progress=lambda line: log(f"session {line}"))
+            finally:
+                if servers is not None:
+                    servers.close()
     except (ModelNotFound, RetrievalError, core.BenchInputError) as exc:
         raise click.ClickException(str(exc)) from exc
     run = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -206,6 +223,8 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
            "trim": trim,
            "max_new_tokens": max_new_tokens, "questions": questions_file,
            "summary": sessions_core.summarize(ran), "sessions": ran, "failures": failures}
+    if servers is not None:
+        run["llama_server"] = {"build": servers.build, "summary": sessions_core.summarize_llama(ran)}
     machine = f"{provenance.machine()}; {describe_device(loaded)}"
     command = "ragspec " + " ".join(sys.argv[1:]) if sys.argv else "ragspec bench --sessions"
     previous = None

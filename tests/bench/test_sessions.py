@@ -195,3 +195,66 @@ def test_cli_sessions_writes_one_results_file_and_appends_a_later_run(
     assert trims == [DEFAULT_TRIM, 0] and [r["trim"] for r in saved["runs"]] == [DEFAULT_TRIM, 0]
     assert run["summary"]["all_identical"] and run["summary"]["turns"] == 2
     assert [t["id"] for t in run["sessions"][0]["turns"]] == ["t1", "t2"]
+    # --llama-server: the same prompt ids through llama-server, cache off then on
+    opened = []
+    monkeypatch.setattr(prepare, "open_servers",
+                        lambda *a, **k: opened.append(FakeServers()) or opened[-1])
+    third = CliRunner().invoke(main, [*args, "--llama-server"])
+    assert third.exit_code == 0, third.output
+    assert "0 of 2 answers changed with its prompt cache on" in third.output
+    assert len(opened[0].prompts) == 4 and opened[0].closed
+    run = json.loads(out.read_text(encoding="utf-8"))["runs"][-1]
+    assert run["llama_server"]["summary"]["turns"] == 2
+    assert all("prompt_ids" not in t for t in run["sessions"][0]["turns"])
+
+
+class FakeServers:
+    """llama-server's side of a sessions run: answers each prompt with its last three tokens;
+    with the cache on it reports the prefix the slot's previous prompt shares as `cache_n`, and
+    (changed, to be caught) writes another answer for `changes`' prompts."""
+
+    build = {"name": "llama.cpp (fake)"}
+
+    def __init__(self, changes=()):
+        self.closed = False
+        self.slot: list[int] = []
+        self.prompts: list[tuple[list[int], bool]] = []
+        self.changes = [list(p) for p in changes]
+
+    def generate(self, method, prompt, max_new_tokens, eos_ids, stop=None, cache_prompt=False):
+        from ragspec.bench.anchors.llama_server import ServerRun
+
+        prompt = list(prompt)
+        self.prompts.append((prompt, cache_prompt))
+        reused = sessions.common_prefix(self.slot, prompt) if cache_prompt else 0
+        self.slot = prompt
+        tokens = prompt[-3:] if not (cache_prompt and prompt in self.changes) else [5, 5, 5]
+        return ServerRun(tokens, 0.2, 0.1, 0.2, {"cache_n": reused, "prompt_n": len(prompt) - reused})
+
+    def close(self):
+        self.closed = True
+
+
+def test_llama_server_reads_the_same_prompts_with_its_cache_off_then_on(packed, tiny_tokenizer):
+    warm = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
+    ran = sessions.run_sessions(Store(), warm, [SESSION, SESSION], CONFIG, pipeline_config=PIPE,
+                                keep_prompts=True)
+    prompts = [t["prompt_ids"] for s in ran for t in s["turns"]]
+    servers = FakeServers(changes=[prompts[1]])
+    sessions.run_llama_sessions(servers, ran, 8, {2}, lambda: (lambda token: False))
+    # every prompt ragspec read, cache off for all, then on for all, in session order
+    assert servers.prompts == [(p, False) for p in prompts] + [(p, True) for p in prompts]
+    turns = [t for s in ran for t in s["turns"]]
+    assert all("prompt_ids" not in t for t in turns)
+    assert [t["llama_server"]["identical"] for t in turns] == [True, False, True, False]
+    # the second session's first turn follows the first session's last on the one slot
+    assert turns[2]["llama_server"]["on"]["cached_prompt_tokens"] == sessions.common_prefix(
+        prompts[1], prompts[2]) > 0
+    assert turns[0]["llama_server"]["off"]["cached_prompt_tokens"] == 0
+    summary = sessions.summarize_llama(ran)
+    assert summary["changed_with_cache"] == ["t2", "t2"]
+    assert summary["later"]["on"]["ttft_seconds"] == 0.1
+    assert summary["later"]["ragspec_over_llama_seconds"] == pytest.approx(
+        sessions._median([t["on"]["seconds"] for t in turns if t["turn"] > 1]) / 0.2)
+    assert sessions.summarize_llama(sessions.run_sessions(
+        Store(), warm, [SESSION], CONFIG, pipeline_config=PIPE)) is None

@@ -17,6 +17,10 @@ past that point; it finishes its stream untimed so that its own `timings` (promp
 predicted_ms, for everything it wrote) can be set against the client's clock over the same span
 (`clock_ratio`: client seconds / server seconds, ~1 when both clocks agree).
 
+`ragspec bench --sessions --llama-server` posts each chat turn's prompt ids twice more:
+with `cache_prompt` off, and then, session after session on the one slot, with it on (its
+default: the slot keeps the previous prompt and reuses the prefix the next one shares).
+
 Contract: `LlamaServers.open(...)` returns None when llama-server is not built; `generate` returns
 ServerRun. Knows nothing of ragspec's engine. Standard library only.
 """
@@ -78,10 +82,12 @@ class ServerRun:
                 "clock_ratio": self.stream_seconds / server_s if server_s else None}
 
 
-def completion_request(prompt_ids: Sequence[int], max_new_tokens: int) -> dict:
-    """The body posted to /completion for one greedy generation of the bench."""
+def completion_request(prompt_ids: Sequence[int], max_new_tokens: int,
+                       cache_prompt: bool = False) -> dict:
+    """The body posted to /completion for one greedy generation of the bench (cache_prompt: the
+    slot reuses the prefix its previous prompt shares with this one, llama-server's default)."""
     return {"prompt": [int(t) for t in prompt_ids], "n_predict": int(max_new_tokens),
-            "temperature": 0.0, "top_k": 1, "cache_prompt": False, "stream": True,
+            "temperature": 0.0, "top_k": 1, "cache_prompt": bool(cache_prompt), "stream": True,
             "return_tokens": True, "n_probs": 0}
 
 
@@ -209,10 +215,15 @@ class LlamaServers:
         return cls(processes, ports, manifest, logs, threads)
 
     def generate(self, method: str, prompt_ids: Sequence[int], max_new_tokens: int,
-                 eos_ids: set[int], stop=None) -> ServerRun:
+                 eos_ids: set[int], stop=None, cache_prompt: bool = False) -> ServerRun:
+        """One generation; cache_prompt=False (the bench's) checks that the whole prompt was
+        read, True (chat sessions, as its users run it) lets the slot reuse a prefix
+        (`timings.cache_n` says how much)."""
         run = stream_completion("127.0.0.1", self.ports[method],
-                                completion_request(prompt_ids, max_new_tokens), eos_ids, stop)
-        check_no_reuse(run, len(prompt_ids))
+                                completion_request(prompt_ids, max_new_tokens, cache_prompt),
+                                eos_ids, stop)
+        if not cache_prompt:
+            check_no_reuse(run, len(prompt_ids))
         return run
 
     def close(self) -> None:
