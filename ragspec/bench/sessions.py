@@ -153,9 +153,11 @@ def run_llama_sessions(servers, sessions: Sequence[dict], max_new_tokens: int,
                        method: str = "llama_server",
                        progress: Callable[[str], None] = lambda line: None) -> None:
     """llama-server on the very prompts ragspec's sessions read (run_sessions(keep_prompts=
-    True)): every turn of every session with its prompt cache off, then every session again in
-    order with it on, on its one slot (the previous turn's prompt stays there, so a turn reuses
-    the prefix it shares with it, as llama-server's users run it). Adds to each turn
+    True)): every session in order with its prompt cache on, on its one slot (the previous
+    turn's prompt stays there, so a turn reuses the prefix it shares with it, as llama-server's
+    users run it; its memory cache of earlier prompts too), then every turn again with the cache
+    off (`cache_prompt` false: the whole prompt read, checked). On first, so that nothing the
+    server read for the cache-off run is there to be reused. Adds to each turn
     "llama_server": {"off": {...}, "on": {...}, "identical": on's tokens == off's}, and drops
     "prompt_ids". The answer ends where ragspec's would (stop_factory: a fresh stop rule)."""
     def run(prompt, cache):
@@ -167,7 +169,7 @@ def run_llama_sessions(servers, sessions: Sequence[dict], max_new_tokens: int,
                    "cached_share": int(r.server.get("cache_n", 0) or 0) / len(prompt)}
 
     tokens = {}
-    for cache in (False, True):
+    for cache in (True, False):  # on first: a prompt it read with the cache off would be reused
         for session in sessions:
             progress(f"{session['source']} (llama-server, prompt cache {'on' if cache else 'off'})")
             for turn in session["turns"]:
@@ -175,9 +177,9 @@ def run_llama_sessions(servers, sessions: Sequence[dict], max_new_tokens: int,
                 entry = turn.setdefault("llama_server", {})
                 entry["on" if cache else "off"] = row
                 if cache:
-                    entry["identical"] = r.token_ids == tokens[turn["id"], turn["turn"]]
-                else:
                     tokens[turn["id"], turn["turn"]] = r.token_ids
+                else:
+                    entry["identical"] = r.token_ids == tokens[turn["id"], turn["turn"]]
     for session in sessions:
         for turn in session["turns"]:
             turn.pop("prompt_ids", None)

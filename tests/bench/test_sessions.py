@@ -235,15 +235,15 @@ class FakeServers:
         self.closed = True
 
 
-def test_llama_server_reads_the_same_prompts_with_its_cache_off_then_on(packed, tiny_tokenizer):
+def test_llama_server_reads_the_same_prompts_with_its_cache_on_then_off(packed, tiny_tokenizer):
     warm = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
     ran = sessions.run_sessions(Store(), warm, [SESSION, SESSION], CONFIG, pipeline_config=PIPE,
                                 keep_prompts=True)
     prompts = [t["prompt_ids"] for s in ran for t in s["turns"]]
     servers = FakeServers(changes=[prompts[1]])
     sessions.run_llama_sessions(servers, ran, 8, {2}, lambda: (lambda token: False))
-    # every prompt ragspec read, cache off for all, then on for all, in session order
-    assert servers.prompts == [(p, False) for p in prompts] + [(p, True) for p in prompts]
+    # every prompt ragspec read, cache on for all, in session order, then off for all
+    assert servers.prompts == [(p, True) for p in prompts] + [(p, False) for p in prompts]
     turns = [t for s in ran for t in s["turns"]]
     assert all("prompt_ids" not in t for t in turns)
     assert [t["llama_server"]["identical"] for t in turns] == [True, False, True, False]

@@ -18,8 +18,9 @@ predicted_ms, for everything it wrote) can be set against the client's clock ove
 (`clock_ratio`: client seconds / server seconds, ~1 when both clocks agree).
 
 `ragspec bench --sessions --llama-server` posts each chat turn's prompt ids twice more:
-with `cache_prompt` off, and then, session after session on the one slot, with it on (its
-default: the slot keeps the previous prompt and reuses the prefix the next one shares).
+session after session on the one slot with `cache_prompt` on (its default: the slot keeps the
+previous prompt and reuses the prefix the next one shares, and its memory cache of earlier
+prompts too), then with it off.
 
 Contract: `LlamaServers.open(...)` returns None when llama-server is not built; `generate` returns
 ServerRun. Knows nothing of ragspec's engine. Standard library only.
