@@ -224,7 +224,8 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
            "max_new_tokens": max_new_tokens, "questions": questions_file,
            "summary": sessions_core.summarize(ran), "sessions": ran, "failures": failures}
     if servers is not None:
-        run["llama_server"] = {"build": servers.build, "summary": sessions_core.summarize_llama(ran)}
+        run["llama_server"] = {"build": servers.build, "argv": getattr(servers, "argv", None),
+                               "summary": sessions_core.summarize_llama(ran)}
     machine = f"{provenance.machine()}; {describe_device(loaded)}"
     command = "ragspec " + " ".join(sys.argv[1:]) if sys.argv else "ragspec bench --sessions"
     previous = None

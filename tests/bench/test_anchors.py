@@ -380,3 +380,14 @@ def test_a_probe_that_logs_more_than_a_pipe_holds_still_answers(tmp_path):
     worker.join(timeout=60)
     assert not worker.is_alive(), "the probe stalled writing its log"
     assert result == {"load": 0.5, "step": 0.25}
+
+
+def test_llama_servers_flash_attention_is_its_default_unless_set(monkeypatch):
+    from ragspec.bench.anchors import llama_server
+
+    monkeypatch.delenv(llama_server.FLASH_ENV, raising=False)
+    plain = llama_server.server_argv("llama-server", Path("m.gguf"), 1, 512, 2, None)
+    assert "-fa" not in plain and plain[plain.index("-np") + 1] == "1"
+    monkeypatch.setenv(llama_server.FLASH_ENV, "off")
+    argv = llama_server.server_argv("llama-server", Path("m.gguf"), 1, 512, 2, "ngram-simple")
+    assert argv[argv.index("-fa") + 1] == "off" and argv[-2:] == ["--spec-type", "ngram-simple"]

@@ -1,8 +1,8 @@
 """llama-server (mainline llama.cpp, built natively by `make bench-anchors`) as a benchmark anchor.
 
 Methods, each a llama-server process of its own on the same GGUF file, started as its users
-start it (`llama-server -m FILE -t THREADS -c CTX -np 1`, its defaults otherwise) on a loopback
-port:
+start it (`llama-server -m FILE -t THREADS -c CTX -np 1`, its defaults otherwise;
+RAGSPEC_LLAMA_FA=on|off|auto sets its flash attention, `-fa`) on a loopback port:
     llama_server                 greedy;
     llama_server_ngram_simple    the same with `--spec-type ngram-simple` (its defaults), and
     llama_server_ngram_map_k / _ngram_mod / _ngram_cache   with the other draft-free n-gram modes.
@@ -167,10 +167,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+FLASH_ENV = "RAGSPEC_LLAMA_FA"  # on|off|auto: llama-server's -fa (unset: its own default)
+
+
 def server_argv(binary: str, gguf: Path, port: int, n_ctx: int, threads: int,
                 mode: str | None) -> list[str]:
     argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", "1"]
+    flash = os.environ.get(FLASH_ENV, "").strip().lower()
+    if flash in ("on", "off", "auto"):
+        argv += ["-fa", flash]
     return argv + (["--spec-type", mode] if mode else [])
 
 
@@ -196,14 +202,15 @@ class LlamaServers:
         binary = str(Path(manifest["bin"]) / "llama-server")
         threads = threads or len(os.sched_getaffinity(0))
         logs = Path(tempfile.mkdtemp(prefix="ragspec-llama-server-"))
-        processes, ports = {}, {}
+        processes, ports, argv = {}, {}, {}
         try:
             for method in methods:
                 port = free_port()
                 log = open(logs / f"{method}.log", "wb")
+                argv[method] = server_argv(binary, Path(gguf), port, n_ctx, threads,
+                                           SERVER_MODES[method])
                 processes[method] = subprocess.Popen(
-                    server_argv(binary, Path(gguf), port, n_ctx, threads, SERVER_MODES[method]),
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                    argv[method], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 ports[method] = port
                 log.close()
             for method in methods:
@@ -213,7 +220,9 @@ class LlamaServers:
                 proc.kill()
             shutil.rmtree(logs, ignore_errors=True)  # the error carries the log's last lines
             raise
-        return cls(processes, ports, manifest, logs, threads)
+        servers = cls(processes, ports, manifest, logs, threads)
+        servers.argv = argv  # each method's command line, for the results
+        return servers
 
     def generate(self, method: str, prompt_ids: Sequence[int], max_new_tokens: int,
                  eos_ids: set[int], stop=None, cache_prompt: bool = False) -> ServerRun:
