@@ -98,3 +98,18 @@ def identical_verdict(baseline_ids: Sequence[int], spec_ids: Sequence[int],
 
 def seconds_speedup(baseline_seconds: float, spec_seconds: float) -> float:
     return baseline_seconds / spec_seconds if spec_seconds > 0 else 0.0
+
+
+CACHED_NOTE = "after the first token: the second run's prompt came from the prompt cache"
+
+
+def toggle_speedup(baseline, spec) -> tuple[float, str]:
+    """Speculation on (`spec`) against off (`baseline`), two GenerationStats of one prompt:
+    the whole answers' seconds; but where the second run took more of its prompt from the
+    prompt cache than the first (the chat's side by side, `ask --compare`: the second run
+    reads the same prompt), the time after the first token, the only part speculation changes,
+    with a note saying so (else "")."""
+    after = baseline.decode_seconds, spec.decode_seconds
+    if spec.cached_prompt_tokens > baseline.cached_prompt_tokens and min(after) > 0:
+        return seconds_speedup(*after), CACHED_NOTE
+    return seconds_speedup(baseline.seconds, spec.seconds), ""

@@ -173,7 +173,7 @@ def _print_refusal(retrieval, as_json: bool) -> None:
 
 
 def _print_json(question, prepared, streams, model_name: str, retrieval, citer) -> None:
-    from ragspec.describe import seconds_speedup
+    from ragspec.describe import toggle_speedup
     from ragspec.pipeline import passages_to_dicts
 
     results = [s.result() for _, s in streams]
@@ -191,7 +191,7 @@ def _print_json(question, prepared, streams, model_name: str, retrieval, citer) 
         **retrieval.to_dict(),
     }
     if compare:
-        out["speedup"] = seconds_speedup(results[0].stats.seconds, results[1].stats.seconds)
+        out["speedup"], out["speedup_note"] = toggle_speedup(results[0].stats, results[1].stats)
         out["identical"] = results[0].token_ids == results[1].token_ids
     click.echo(readable_json(out))
 
@@ -201,7 +201,7 @@ def _print_text(prepared, streams, greedy: bool, citer) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    from ragspec.describe import identical_verdict, passage_label, seconds_speedup, stop_note
+    from ragspec.describe import identical_verdict, passage_label, stop_note, toggle_speedup
     from ragspec.pipeline import passages_to_dicts
 
     console = Console(highlight=False, soft_wrap=True)
@@ -227,8 +227,8 @@ def _print_text(prepared, streams, greedy: bool, citer) -> None:
     if len(results) > 1:
         base, spec = results
         _, verdict = identical_verdict(base.token_ids, spec.token_ids, greedy)
-        console.print(f"speedup {seconds_speedup(base.stats.seconds, spec.stats.seconds):.2f}× · "
-                      f"{verdict}")
+        speedup, note = toggle_speedup(base.stats, spec.stats)
+        console.print(f"speedup {speedup:.2f}×{f' ({note})' if note else ''} · {verdict}")
     console.print(f"[dim]{legend(results[-1].spans)}[/]")
     console.print("[bold]Passages[/]")
     shown = shown_spans(results[-1].spans)  # the copies as marked above (--json keeps all)

@@ -107,8 +107,8 @@ def speed_line(run: dict, baseline: dict | None) -> str:
     s = run["stats"]
     line = f":material/bolt: {s.tokens_per_s:.1f} tokens/s \u00b7 {s.new_tokens} tokens in {s.seconds:.2f} s"
     if baseline:
-        speedup = describe.seconds_speedup(baseline["stats"].seconds, s.seconds)
-        line += f" \u00b7 {speedup:.2f}\u00d7 speculation off"
+        speedup, note = describe.toggle_speedup(baseline["stats"], s)
+        line += f" \u00b7 {speedup:.2f}\u00d7 speculation off" + (f" ({note})" if note else "")
     elif s.drafted_tokens:
         line += f" \u00b7 {100 * s.accept_rate:.0f}% of drafted tokens accepted"
     return line
@@ -125,7 +125,7 @@ def show_stats(run: dict, baseline: dict | None) -> None:
                + f"| {s.tokens_per_s:.1f} | {s.seconds:.2f} | {s.forward_passes} | "
                  f"{s.drafted_tokens} | {s.accepted_tokens} |")
         if baseline:
-            row += f" {describe.seconds_speedup(baseline['stats'].seconds, s.seconds):.2f}× |"
+            row += f" {describe.toggle_speedup(baseline['stats'], s)[0]:.2f}× |"
         st.markdown(row)
         if s.drafted_tokens:
             st.markdown(f"Acceptance rate **{100 * s.accept_rate:.0f}%** · mean accepted draft "

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ragspec.commands.ask import ask
+from ragspec.describe import CACHED_NOTE
 from tests.conftest import MODEL_CACHE
 
 DOC = ("The metrics endpoint of the daemon listens on port 7432 and serves /metrics only.\n"
@@ -65,6 +66,10 @@ def test_ask_json_compare_gives_answer_passages_and_identical_baseline(indexed):
     assert out["baseline"]["token_ids"] == out["answer"]["token_ids"]
     assert out["identical"] is True
     assert out["baseline"]["stats"]["drafted_tokens"] == 0
+    # the second run's prompt came from the prompt cache (exact on every native read), so the
+    # speed-up is the time after the first token's, and says so
+    assert out["answer"]["stats"]["cached_prompt_tokens"] > 0
+    assert out["speedup_note"] == CACHED_NOTE and out["speedup"] > 0
     [passage] = out["passages"]
     assert passage["n"] == 1 and passage["source"].endswith("metrics.txt")
     for start, end in passage["copied"]:

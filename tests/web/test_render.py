@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 import re
 
+import pytest
+
 from ragspec import describe
 from ragspec.decoding.types import Span, SpanOrigin
 from ragspec.retrieval.faiss.store import Passage
@@ -134,3 +136,24 @@ def test_a_draft_over_a_blank_line_leaves_the_line_breaks_unmarked():
     assert visible_text(out) == text + "Which port?\n"
     # both lines are the one copy, with its one provenance
     assert len({m["title"] for m in marks if "rs-draft" in m["class"]}) == 1
+
+
+def test_the_side_by_side_speedup_leaves_out_a_prompt_the_second_run_took_from_the_cache():
+    """Speculation changes only the time after the first token: where the second run's prompt
+    came from the prompt cache (the toggle reads the same prompt twice), the whole answers'
+    seconds would credit the cache to speculation."""
+    from ragspec.decoding.types import GenerationStats
+    from ragspec.web.parts import speed_line
+
+    off = GenerationStats(prompt_tokens=600, new_tokens=40, prefill_seconds=0.6,
+                          decode_seconds=0.8)
+    read = GenerationStats(prompt_tokens=600, new_tokens=40, prefill_seconds=0.6,
+                           decode_seconds=0.4)
+    cached = GenerationStats(prompt_tokens=600, new_tokens=40, prefill_seconds=0.004,
+                             decode_seconds=0.4, cached_prompt_tokens=600)
+    assert describe.toggle_speedup(off, read) == (pytest.approx(1.4 / 1.0), "")
+    speedup, note = describe.toggle_speedup(off, cached)
+    assert speedup == pytest.approx(2.0) and note == describe.CACHED_NOTE  # not 1.4 / 0.404
+    line = speed_line({"stats": cached}, {"stats": off})
+    assert "2.00× speculation off" in line and describe.CACHED_NOTE in line
+    assert describe.CACHED_NOTE not in speed_line({"stats": read}, {"stats": off})
