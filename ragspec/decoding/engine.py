@@ -316,6 +316,8 @@ class GenerationStream:
         self._cache = None
         self._fixed: fixed.FixedSequence | None = None  # decode on the fixed step when set
         self._prefix: prefix_cache.PrefixCache | None = None  # where its prompt is kept
+        # where identical prompts are kept whole, and how this prompt is read (_recall_prompt)
+        self._whole: tuple[prefix_cache.PrefixCache, tuple] | None = None
         repeat = config.repeat
         self._guard = (RepetitionGuard(repeat.stop_ngram, repeat.stop_count)
                        if repeat is not None and repeat.stop_ngram else None)
@@ -411,7 +413,8 @@ class GenerationStream:
         whole = self.gen.whole_prompts()
         if whole is None:
             return None
-        logits = whole.recall(self.prompt_ids, self._cache, prefix_cache.read_mark())
+        self._whole = (whole, prefix_cache.read_mark())
+        logits = whole.recall(self.prompt_ids, self._cache, self._whole[1])
         if logits is not None:
             self.stats.cached_prompt_tokens = len(self.prompt_ids)
             self.stats.prompt_cache_off = self.gen.prompt_cache()[1]  # why not by prefixes
@@ -423,11 +426,9 @@ class GenerationStream:
         last token's), the whole prompt."""
         if self._prefix is not None:
             self._prefix.store(self.prompt_ids, self._cache)
-        elif whole_logits is not None:
-            whole = self.gen.whole_prompts()
-            if whole is not None:
-                whole.keep_whole(self.prompt_ids, self._cache, whole_logits,
-                                 prefix_cache.read_mark())
+        elif whole_logits is not None and self._whole is not None:
+            whole, mark = self._whole
+            whole.keep_whole(self.prompt_ids, self._cache, whole_logits, mark)
 
     def _propose(self) -> tuple[Match | None, list[int]]:
         """A match from the drafter (or the forced sequence) and the draft worth verifying."""

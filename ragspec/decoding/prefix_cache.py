@@ -138,6 +138,17 @@ def _whole_key(tokens) -> bytes:
     return b"whole:" + hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16).digest()
 
 
+def _copy_out(layers, start: int, end: int) -> torch.Tensor:
+    """Positions [start, end) of every layer's keys and values, copied into one
+    (layers, 2, kv_heads, end - start, head_dim) tensor (a page's or a whole prompt's)."""
+    k0 = layers[0]._key_buf
+    kv = torch.empty((len(layers), 2, k0.shape[1], end - start, k0.shape[-1]), dtype=k0.dtype)
+    for i, layer in enumerate(layers):
+        kv[i, 0].copy_(layer._key_buf[0, :, start:end])
+        kv[i, 1].copy_(layer._value_buf[0, :, start:end])
+    return kv
+
+
 def _write(cache, blocks: list[torch.Tensor], positions: int) -> None:
     """Write `blocks` ((layers, 2, kv_heads, n, head_dim) each, in order) into the fresh
     `cache`'s first `positions` positions."""
@@ -257,11 +268,8 @@ class PrefixCache:
                 + last.numel() * last.element_size())
         if size > self.budget_bytes:
             return False
-        kv = torch.empty((len(layers), 2, k0.shape[1], n, k0.shape[-1]), dtype=k0.dtype)
-        for i, layer in enumerate(layers):
-            kv[i, 0].copy_(layer._key_buf[0, :, :n])
-            kv[i, 1].copy_(layer._value_buf[0, :, :n])
-        entry = WholePrompt(_whole_key(prompt), tuple(prompt), mark, kv, last.clone())
+        entry = WholePrompt(_whole_key(prompt), tuple(prompt), mark, _copy_out(layers, 0, n),
+                            last.clone())
         with self._lock:
             old = self._pages.pop(entry.key, None)
             if old is not None:
@@ -291,12 +299,7 @@ class PrefixCache:
         full = min(full, self.budget_bytes // per_page)
         new: list[tuple[int, torch.Tensor]] = []
         for index in range(len(chain), full):
-            a = index * size
-            kv = torch.empty((len(layers), 2, k0.shape[1], size, k0.shape[-1]), dtype=k0.dtype)
-            for i, layer in enumerate(layers):
-                kv[i, 0].copy_(layer._key_buf[0, :, a:a + size])
-                kv[i, 1].copy_(layer._value_buf[0, :, a:a + size])
-            new.append((index, kv))
+            new.append((index, _copy_out(layers, index * size, (index + 1) * size)))
         with self._lock:
             chain = self._chain(prompt, full * size)  # again: another thread may have stored
             key = chain[-1].key if chain else _ROOT
