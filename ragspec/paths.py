@@ -5,9 +5,8 @@ Default: ~/.ragspec. Inside it: index/ (the FAISS index and passages), chats and
 
 What ragspec derives from files that are not the user's data is kept once per machine, in the
 user's cache folder, `cache_root()` ($RAGSPEC_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache,
-/ragspec), shared by every
-RAGSPEC_HOME, so a new data folder (a second checkout, `make` beside a plain shell) never pays
-for it again:
+/ragspec), shared by every RAGSPEC_HOME, so a new data folder (a second checkout, `make` beside
+a plain shell) never pays for it again:
   - `kernels_dir()`, the compiled CPU kernels ($RAGSPEC_KERNELS_DIR moves them): a build
     depends on the CPU, the compiler, torch and the sources (its key), never on RAGSPEC_HOME;
   - `models_dir()`, the model cache: converted generator weights (keyed by the file they come

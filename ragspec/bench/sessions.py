@@ -14,8 +14,8 @@ stream: the first span, the last), the prompt tokens, those the prompt cache sup
 prompt tokens the previous turn's prompt began with (the prefix any cache could reuse), the
 snippet recall of the answer (ragspec.eval.quality), and whether the cache-on answer's token
 ids equal the cache-off one's. `summarize` gives medians for turn 1 and for turns 2 and later.
-`run_llama_sessions` gives llama-server the very prompts ragspec read (its cache off, then on,
-session after session on one slot) and `summarize_llama` its medians, how many of its answers
+`run_llama_sessions` gives llama-server the very prompts ragspec read (its cache on, session
+after session on one slot, then off) and `summarize_llama` its medians, how many of its answers
 its cache changed, and ragspec's times over its. Knows nothing of click.
 """
 
@@ -163,10 +163,10 @@ def run_llama_sessions(servers, sessions: Sequence[dict], max_new_tokens: int,
     def run(prompt, cache):
         r = servers.generate(method, prompt, max_new_tokens, eos_ids, stop=stop_factory(),
                              cache_prompt=cache)
+        reused = int(r.server.get("cache_n", 0) or 0)
         return r, {"ttft_seconds": r.ttft_seconds, "seconds": r.seconds,
                    "new_tokens": len(r.token_ids), "prompt_tokens": len(prompt),
-                   "cached_prompt_tokens": int(r.server.get("cache_n", 0) or 0),
-                   "cached_share": int(r.server.get("cache_n", 0) or 0) / len(prompt)}
+                   "cached_prompt_tokens": reused, "cached_share": reused / len(prompt)}
 
     tokens = {}
     for cache in (True, False):  # on first: a prompt it read with the cache off would be reused
@@ -194,8 +194,7 @@ def summarize_llama(sessions: Sequence[dict]) -> dict | None:
     out: dict = {"turns": len(turns),
                  "changed_with_cache": [t["id"] for t in turns
                                         if t["llama_server"]["identical"] is False]}
-    for part, chosen in (("first", [t for t in turns if t["turn"] == 1]),
-                         ("later", [t for t in turns if t["turn"] > 1])):
+    for part, chosen in _parts(turns):
         row: dict = {"turns": len(chosen)}
         for cache in ("off", "on"):
             row[cache] = {key: _median([t["llama_server"][cache][key] for t in chosen])
@@ -217,8 +216,7 @@ def summarize(sessions: Sequence[dict]) -> dict:
                  "all_identical": all(t["identical"] for t in turns) if compared else None,
                  "not_identical": [t["id"] for t in turns if t["identical"] is False]}
     caches = ("off", "on") if compared else ("on",)
-    for part, chosen in (("first", [t for t in turns if t["turn"] == 1]),
-                         ("later", [t for t in turns if t["turn"] > 1])):
+    for part, chosen in _parts(turns):
         row: dict = {"turns": len(chosen)}
         for cache in caches:
             runs = [t[cache] for t in chosen]
@@ -232,6 +230,12 @@ def summarize(sessions: Sequence[dict]) -> dict:
             row[f"{key}_on_over_off"] = on / off if off and on is not None else None
         out[part] = row
     return out
+
+
+def _parts(turns: Sequence[dict]) -> tuple[tuple[str, list[dict]], ...]:
+    """("first", turn 1 of every session), ("later", the turns after it)."""
+    return (("first", [t for t in turns if t["turn"] == 1]),
+            ("later", [t for t in turns if t["turn"] > 1]))
 
 
 def _median(values: Sequence[float]) -> float | None:

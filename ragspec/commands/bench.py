@@ -86,7 +86,7 @@ def build_setup(model, corpus, index, questions, max_new_tokens, llamacpp=None, 
                    "whole answer's, the share of the prompt the cache supplied and whether the "
                    "answer is identical to the cache-off one. --limit counts sessions. With "
                    "--llama-server, llama-server reads the same prompt ids of the same GGUF "
-                   "file, every turn with its prompt cache off and then on (its default), and "
+                   "file, every turn with its prompt cache on (its default) and then off, and "
                    "the summary says how many of its answers the cache changed.")
 @click.option("--session-order", type=click.Choice(sessions_core.ORDERS), default="rank",
               show_default=True,
@@ -206,10 +206,10 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
                     pipeline_config=PipelineConfig(max_new_tokens=max_new_tokens, trim=trim),
                     progress=lambda line: log(f"session {line}"), keep_prompts=bool(servers))
                 if servers is not None:
-                    repeat = ANSWER_REPEAT
                     sessions_core.run_llama_sessions(
                         servers, ran, max_new_tokens, set(generator.eos_token_ids),
-                        lambda: RepetitionGuard(repeat.stop_ngram, repeat.stop_count).push,
+                        lambda: RepetitionGuard(ANSWER_REPEAT.stop_ngram,
+                                                ANSWER_REPEAT.stop_count).push,
                         progress=lambda line: log(f"session {line}"))
             finally:
                 if servers is not None:
