@@ -238,6 +238,38 @@ def test_attention_over_an_fp16_cache_is_the_fp32_arithmetic_on_the_widened_valu
         ops.attend(q, k, v.float(), lo, hi, 0.3, softcap)
 
 
+@pytest.mark.parametrize("d", [40, 64, 128])
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("softcap,window", [(0.0, None), (30.0, None), (0.0, 9)])
+def test_the_sixteen_lane_attention_gives_the_eight_lane_bits(ops, d, half, softcap, window):
+    """With AVX-512 attention runs 16 lanes where it ran 8 (two keys' sums a register, the same
+    pairs added in the same order): every path — a prompt's shared rows, a verify's rows, one
+    row alone, soft-capping, a sliding window, fp16 and fp32 caches — gives the 8-lane loops'
+    bits, so caches read before and after stay the same and speculation stays exact."""
+    if not ops.set_wide_attention(True):
+        pytest.skip("no AVX-512 here: attention runs its 8-lane loops only")
+    g = torch.Generator().manual_seed(11)
+    hq, hkv = 6, 2
+    for start, t in ((0, 43), (300, 43), (517, 5), (70, 1)):
+        length = start + t
+        q = torch.randn(hq, t, d, generator=g)
+        k = torch.randn(hkv, length, d, generator=g)
+        v = torch.randn(hkv, length, d, generator=g)
+        if half:
+            k, v = k.half(), v.half()
+        hi = torch.arange(start, length)
+        lo = (hi - window + 1).clamp(min=0) if window else torch.zeros(t, dtype=torch.long)
+        try:
+            wide = ops.attend(q, k, v, lo, hi, 0.3, softcap)
+            ops.set_wide_attention(False)
+            narrow = ops.attend(q, k, v, lo, hi, 0.3, softcap)
+        finally:
+            ops.set_wide_attention(True)
+        assert torch.equal(wide, narrow), f"{t} rows after {start} keys"
+        want = reference_attention(q, k.float(), v.float(), lo, hi, 0.3, softcap)
+        assert torch.allclose(wide.double(), want, atol=2e-6)
+
+
 def test_the_prefetch_distance_is_compiled_from_the_cpus_maker(tmp_path, monkeypatch):
     """AMD parts get weight bytes requested 8 KiB ahead (measured faster there), others the 2 KiB
     of tiled.h; the choice is part of the build key, so each build is the machine's own."""

@@ -95,6 +95,129 @@ static inline float hsum8(__m256 v) {
 }
 #endif
 
+// With AVX-512 the loops below run 16 lanes where they ran 8 (dot8, the shared scores and
+// value sums, the softmax's exponentials, a row's weighted values), each lane seeing the same
+// operations in the same order as in the 8-lane form: two keys' 8-lane accumulators share one
+// register, the horizontal sums take the same pairs, value sums are per lane anyway. So the
+// results are the same bits either way (tests/test_attention_kernel.py compares the two with
+// `set_wide_attention`), and a prompt read takes about half the multiply-add instructions.
+#if defined(RS_AVX2) && defined(__AVX512F__)
+#define RS_WIDE 1
+static bool g_wide = true;
+
+static inline __m512 ld16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 ld16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// 8 elements at a in the low half, 8 at b in the high half.
+static inline __m512 ld8x2(const float* a, const float* b) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(a))),
+                                             _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+static inline __m512 ld8x2(const uint16_t* a, const uint16_t* b) {
+  const __m256i h = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  return _mm512_cvtph_ps(h);
+}
+// The 8 floats at p in both halves.
+static inline __m512 dup8(const float* p) {
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+// _mm256_hadd_ps's pairs in each 256-bit half: in each 128-bit lane a0+a1, a2+a3, b0+b1, b2+b3.
+static inline __m512 hadd16(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+static inline __m512 exp_neg16(__m512 x) {  // exp_neg8's operations, 16 lanes
+  x = _mm512_max_ps(x, _mm512_set1_ps(kLow));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), n), _mm512_set1_ps(kLn2Lo),
+                                   _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), n),
+                                                   _mm512_set1_ps(kLn2Hi), x));
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// dot8 (below) of QN queries against the same eight keys, 16 lanes: acc[a][i] holds key i's
+// 8-lane sums in its low half and key i + 4's in its high half, and the tree of hadd16 and one
+// lane swap makes dot8's sums from them (the same pairs added in the same order).
+template <typename T, int QN>
+static inline void dot8_wide(const float* const* q, const T* k, int64_t stride, int64_t d, __m256 scale,
+                             float* const* s, int64_t j) {
+  __m512 acc[QN][4];
+  for (int a = 0; a < QN; ++a)
+    for (int i = 0; i < 4; ++i) acc[a][i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d; c += 8) {
+    __m512 qv[QN];
+    for (int a = 0; a < QN; ++a) qv[a] = dup8(q[a] + c);
+    for (int i = 0; i < 4; ++i) {
+      const __m512 kv = ld8x2(k + i * stride + c, k + (i + 4) * stride + c);
+      for (int a = 0; a < QN; ++a) acc[a][i] = _mm512_fmadd_ps(qv[a], kv, acc[a][i]);
+    }
+  }
+  for (int a = 0; a < QN; ++a) {
+    const __m512 z = hadd16(hadd16(acc[a][0], acc[a][1]), hadd16(acc[a][2], acc[a][3]));  // [s0123 | s4567]
+    const __m256 lo = _mm512_castps512_ps256(_mm512_shuffle_f32x4(z, z, 0x08));  // 128-bit lanes 0, 2
+    const __m256 hi = _mm512_castps512_ps256(_mm512_shuffle_f32x4(z, z, 0x0D));  // lanes 1, 3
+    _mm256_storeu_ps(s[a] + j, _mm256_mul_ps(_mm256_add_ps(lo, hi), scale));
+  }
+}
+
+// values32_shared (below), 16 lanes: dimensions c..c+31 as two registers a query, for up to
+// six queries (kWideGroup) at once.
+template <typename T, int QN>
+static inline void values32_wide(const float* const* s, const T* v, int64_t vstride, int64_t j0, int64_t j1,
+                                 int64_t c, __m512 (*o)[2]) {
+  __m512 a[QN][2];
+#pragma GCC unroll 6
+  for (int b = 0; b < QN; ++b) a[b][0] = o[b][0], a[b][1] = o[b][1];
+  for (int64_t j = j0; j < j1; ++j) {
+    const T* vj = v + j * vstride + c;
+    const __m512 v0 = ld16(vj), v1 = ld16(vj + 16);
+#pragma GCC unroll 6
+    for (int b = 0; b < QN; ++b) {
+      const __m512 p = _mm512_set1_ps(s[b][j]);
+      a[b][0] = _mm512_fmadd_ps(p, v0, a[b][0]), a[b][1] = _mm512_fmadd_ps(p, v1, a[b][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int b = 0; b < QN; ++b) o[b][0] = a[b][0], o[b][1] = a[b][1];
+}
+
+// Up to six queries share a block's loads in the 16-lane loops (their sums fit the 32
+// registers), as evenly as group_size splits them.
+static constexpr int kWideGroup = 6;
+static inline int wide_group_size(int Q, int a0) {
+  const int groups = (Q + kWideGroup - 1) / kWideGroup, base = Q / groups, extra = Q % groups;
+  return a0 < extra * (base + 1) ? base + 1 : base;
+}
+
+template <typename T, int QN = 1>
+static inline void dot8_wide_n(int qn, const float* const* q, const T* k, int64_t stride, int64_t d, __m256 scale,
+                               float* const* s, int64_t j) {
+  if constexpr (QN < kWideGroup)
+    if (qn != QN) return dot8_wide_n<T, QN + 1>(qn, q, k, stride, d, scale, s, j);
+  dot8_wide<T, QN>(q, k, stride, d, scale, s, j);
+}
+
+template <typename T, int QN = 1>
+static inline void values32_wide_n(int qn, const float* const* s, const T* v, int64_t vstride, int64_t j0,
+                                   int64_t j1, int64_t c, __m512 (*o)[2]) {
+  if constexpr (QN < kWideGroup)
+    if (qn != QN) return values32_wide_n<T, QN + 1>(qn, s, v, vstride, j0, j1, c, o);
+  values32_wide<T, QN>(s, v, vstride, j0, j1, c, o);
+}
+#endif
+
 template <typename T>
 static inline float dot(const float* a, const T* b, int64_t d) {
 #ifdef RS_AVX2
@@ -145,6 +268,10 @@ static void row_scores(const float* q, const T* k, int64_t kstride, int64_t lo, 
 #ifdef RS_AVX2
   if (d % 8 == 0) {
     const __m256 vs = _mm256_set1_ps(scale);
+#ifdef RS_WIDE
+    if (g_wide)
+      for (; j + 8 <= n; j += 8) dot8_wide<T, 1>(&q, k + (lo + j) * kstride, kstride, d, vs, &s, j);
+#endif
     for (; j + 8 <= n; j += 8)
       _mm256_storeu_ps(s + j, _mm256_mul_ps(dot8(q, k + (lo + j) * kstride, kstride, d), vs));
   }
@@ -171,6 +298,17 @@ static float row_softmax(float* s, int64_t n, float softcap) {
 #ifdef RS_AVX2
   __m256 acc = _mm256_setzero_ps();
   const __m256 vmx = _mm256_set1_ps(mx);
+#ifdef RS_WIDE
+  if (g_wide) {  // sixteen exponentials at once, added to the 8 lanes low half first, as below
+    const __m512 wmx = _mm512_set1_ps(mx);
+    for (; j + 16 <= n; j += 16) {
+      const __m512 e = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + j), wmx));
+      _mm512_storeu_ps(s + j, e);
+      acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+      acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+  }
+#endif
   for (; j + 8 <= n; j += 8) {
     const __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
     _mm256_storeu_ps(s + j, e);
@@ -193,6 +331,20 @@ template <typename T>
 static void row_values(const float* s, const T* v, int64_t vstride, int64_t lo, int64_t n, int64_t d, float inv,
                        float* out) {
   int64_t c = 0;
+#ifdef RS_WIDE
+  if (g_wide)
+    for (; c + 64 <= d; c += 64) {  // the loop below, 16 lanes
+      __m512 o[4];
+      for (int i = 0; i < 4; ++i) o[i] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < n; ++j) {
+        const __m512 p = _mm512_set1_ps(s[j]);
+        const T* vj = v + (lo + j) * vstride + c;
+        for (int i = 0; i < 4; ++i) o[i] = _mm512_fmadd_ps(p, ld16(vj + 16 * i), o[i]);
+      }
+      const __m512 vi = _mm512_set1_ps(inv);
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(out + c + 16 * i, _mm512_mul_ps(o[i], vi));
+    }
+#endif
 #ifdef RS_AVX2
   // Σ_j p_j v_j, 64 dimensions at a time held in registers, keys in order
   for (; c + 64 <= d; c += 64) {
@@ -335,6 +487,13 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
       }
       for (int a0 = 0, qn; a0 < Q; a0 += qn) {
         qn = group_size(Q, a0);
+#ifdef RS_WIDE
+        if (g_wide) {
+          qn = wide_group_size(Q, a0);
+          dot8_wide_n<T>(qn, q + a0, kj, kstride, d, vs, s.data() + a0, j);
+          continue;
+        }
+#endif
         if (qn == 3) dot8_shared<T, 3>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
         else if (qn == 2) dot8_shared<T, 2>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
         else dot8_shared<T, 1>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
@@ -357,6 +516,18 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
       for (int64_t c = 0; c < d; c += 32)
         for (int a0 = 0, qn; a0 < Q; a0 += qn) {
           qn = group_size(Q, a0);
+#ifdef RS_WIDE
+          if (g_wide) {
+            qn = wide_group_size(Q, a0);
+            __m512 o[kWideGroup][2];
+            for (int b = 0; b < qn; ++b)
+              for (int i = 0; i < 2; ++i) o[b][i] = _mm512_loadu_ps(&sums[(a0 + b) * d + c + 16 * i]);
+            values32_wide_n<T>(qn, s.data() + a0, v, vstride, j0, j1, c, o);
+            for (int b = 0; b < qn; ++b)
+              for (int i = 0; i < 2; ++i) _mm512_storeu_ps(&sums[(a0 + b) * d + c + 16 * i], o[b][i]);
+            continue;
+          }
+#endif
           __m256 o[3][4];
           for (int b = 0; b < qn; ++b)
             for (int i = 0; i < 4; ++i) o[b][i] = _mm256_loadu_ps(&sums[(a0 + b) * d + c + 8 * i]);
@@ -369,6 +540,20 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
     }
     for (int a = 0; a < Q; ++a)
       for (int64_t c = 0; c < d; c += 32) {
+#ifdef RS_WIDE
+        if (g_wide) {
+          __m512 o[2];
+          for (int i = 0; i < 2; ++i) o[i] = _mm512_loadu_ps(&sums[a * d + c + 16 * i]);
+          for (int64_t j = shared; j <= hi[a]; ++j) {
+            const __m512 p = _mm512_set1_ps(s[a][j]);
+            const T* vj = v + j * vstride + c;
+            for (int i = 0; i < 2; ++i) o[i] = _mm512_fmadd_ps(p, ld16(vj + 16 * i), o[i]);
+          }
+          const __m512 vi = _mm512_set1_ps(inv[a]);
+          for (int i = 0; i < 2; ++i) _mm512_storeu_ps(out[a] + c + 16 * i, _mm512_mul_ps(o[i], vi));
+          continue;
+        }
+#endif
         __m256 o[4];
         for (int i = 0; i < 4; ++i) o[i] = _mm256_loadu_ps(&sums[a * d + c + 8 * i]);
         for (int64_t j = shared; j <= hi[a]; ++j) {  // the keys only this query sees, in order
@@ -488,9 +673,23 @@ at::Tensor attend(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor&
   return out;
 }
 
+// Whether attention runs its 16-lane loops (the same bits as the 8-lane ones; for tests and
+// measurements). Returns the previous setting; always false without AVX-512.
+static bool set_wide_attention(bool on) {
+#ifdef RS_WIDE
+  const bool was = g_wide;
+  g_wide = on;
+  return was;
+#else
+  (void)on;
+  return false;
+#endif
+}
+
 }  // namespace rs
 
 TORCH_LIBRARY_FRAGMENT(ragspec, m) {
+  m.def("set_wide_attention(bool on) -> bool", &rs::set_wide_attention);
   m.def("attend(Tensor q, Tensor k, Tensor v, Tensor lo, Tensor hi, float scale, float softcap) -> Tensor",
         &rs::attend);
 }
