@@ -7,8 +7,10 @@ Each round reads, for every length, the first N tokens of each file (default: si
 rendered by `man`, text this project did not write) once per arm, the arms in a rotated order:
 "bf16" (weights de-quantised to bf16, torch's matmul: the default where the CPU has AMX-BF16 or
 AVX512-BF16), "int8" (the step kernels, bit for bit what one-token steps give: the default on
-VNNI CPUs without AMX, and the read the exact prompt cache needs) and, where the CPU has AMX,
-"int8-amx" (the same kernels with the tile unit, the `set_amx` op). Prints per arm and length
+VNNI CPUs, and the read the exact prompt cache needs), where the CPU has AVX-512
+"int8-narrow" (the same with attention's 8-lane loops, `set_wide_attention(False)`: the same
+bits, the speed before the 16-lane ones) and, where the CPU has AMX, "int8-amx" (the same
+kernels with the tile unit, the `set_amx` op). Prints per arm and length
 the median seconds and the per-read ratio to bf16 (median of paired ratios), with the load
 average around each round.
 """
@@ -58,12 +60,15 @@ def main() -> None:
     if min(len(i) for i in ids) < max(lengths):
         raise SystemExit("a text is shorter than the longest length asked for")
     ops = native.ops(".")  # loaded by load_generator already; the argument is not used
-    arms = ["bf16", "int8"] + (["int8-amx"] if ops.amx_available() else [])
+    wide = ops.set_wide_attention(True)
+    arms = (["bf16", "int8"] + (["int8-narrow"] if wide else [])
+            + (["int8-amx"] if ops.amx_available() else []))
 
     def arm(name: str) -> None:
         os.environ[packed.PREFILL_ENV] = name.split("-")[0]
         packed.prefill_precision.cache_clear()
         ops.set_amx(name == "int8-amx")
+        ops.set_wide_attention(name != "int8-narrow")
 
     times: dict[str, dict[int, list[float]]] = {a: {n: [] for n in lengths} for a in arms}
     loads = []

@@ -250,12 +250,13 @@ def results(command: str, commit: str, machine: str, run: dict, previous: dict |
     return {"command": command, "commit": commit, "machine": machine, "runs": [run]}
 
 
-def prompt_read() -> str:
-    """How prompts are read in this process, the fact the cache's exactness rests on."""
-    from ragspec.decoding.packed import PAGES_ENV, prefill_precision, reads_in_pages
+def prompt_read(model) -> str:
+    """How `model` reads prompts in this process, the fact the cache's exactness rests on."""
+    from ragspec.decoding.native_step import prompt_precision
+    from ragspec.decoding.packed import PAGES_ENV, reads_in_pages
 
     pages = f", {PAGES_ENV}=1" if reads_in_pages() else ""
-    return f"{prefill_precision()}{pages}"
+    return f"{prompt_precision(model)}{pages}"
 
 
 def load_now() -> list[float]:

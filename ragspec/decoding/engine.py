@@ -413,7 +413,7 @@ class GenerationStream:
         whole = self.gen.whole_prompts()
         if whole is None:
             return None
-        self._whole = (whole, prefix_cache.read_mark())
+        self._whole = (whole, prefix_cache.read_mark(self.gen.model))
         logits = whole.recall(self.prompt_ids, self._cache, self._whole[1])
         if logits is not None:
             self.stats.cached_prompt_tokens = len(self.prompt_ids)

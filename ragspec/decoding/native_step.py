@@ -5,7 +5,8 @@ packed.STEP_ROWS rows, or any forward inside packed.step_forward()) run as ONE c
 ragspec's StepModel (native/step.cpp) instead of transformers' modules around the kernels, and
 returns None; where the model cannot run it (a family or a layer kind it does not cover, or
 RAGSPEC_NATIVE_STEP=0) it changes nothing and returns why, in one line. A long prefill with
-bf16 or fp32 prompt reads (packed.prefill_precision) runs the model's own forward, or, with
+bf16 or fp32 prompt reads (the model's `prompt_precision`, packed.model_precision: a fact
+of the CPU and the model's width) runs the model's own forward, or, with
 RAGSPEC_PROMPT_PAGES=1 (packed.reads_in_pages), runs in pages (`_read_in_pages`): the
 model's own forward on de-quantised weights one PROMPT_PAGE at a time, then the native step for
 the piece holding the last token, so that a prompt read after pages kept by the prompt cache
@@ -61,8 +62,10 @@ from ragspec.decoding.packed import (
     PROMPT_PAGE,
     PackedLinear,
     _is_step,
+    model_precision,
     prefill_precision,
     prompt_pages,
+    reading_as,
     reads_in_pages,
 )
 
@@ -221,6 +224,7 @@ def install(model) -> str | None:
     n_layers = len(model.model.layers)
     kv_heads, head_dim = ints[3], ints[4]
     storage = kv_dtype()
+    width = model.config.hidden_size
     # shapes and types the cache buffers GrowingLayer makes
     dummy = torch.empty(1, kv_heads, 0, head_dim, dtype=storage)
 
@@ -235,19 +239,21 @@ def install(model) -> str | None:
     @functools.wraps(module_forward)
     def forward(input_ids=None, attention_mask=None, position_ids=None, cache=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
-        start = _plain_start(input_ids, attention_mask, position_ids, cache, inputs_embeds,
-                             labels, use_cache, logits_to_keep, kwargs, n_layers)
-        if start is None or not (_is_step(input_ids.shape[1]) or reads_in_pages()):
-            return module_forward(input_ids=input_ids, attention_mask=attention_mask,
-                                  position_ids=position_ids, cache=cache,
-                                  inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
-                                  logits_to_keep=logits_to_keep, **kwargs)
-        rows = input_ids.shape[1]
-        keep = rows if logits_to_keep <= 0 else min(rows, logits_to_keep)
-        if _is_step(rows):
-            return _output(native(input_ids, cache, start, keep), cache)
-        return _output(_read_in_pages(model, module_forward, native, input_ids, cache, start,
-                                      keep), cache)
+        with reading_as(model_precision(width)):  # every forward of it, its modules' too
+            start = _plain_start(input_ids, attention_mask, position_ids, cache, inputs_embeds,
+                                 labels, use_cache, logits_to_keep, kwargs, n_layers)
+            if start is None or not (_is_step(input_ids.shape[1]) or reads_in_pages()):
+                return module_forward(input_ids=input_ids, attention_mask=attention_mask,
+                                      position_ids=position_ids, cache=cache,
+                                      inputs_embeds=inputs_embeds, labels=labels,
+                                      use_cache=use_cache, logits_to_keep=logits_to_keep,
+                                      **kwargs)
+            rows = input_ids.shape[1]
+            keep = rows if logits_to_keep <= 0 else min(rows, logits_to_keep)
+            if _is_step(rows):
+                return _output(native(input_ids, cache, start, keep), cache)
+            return _output(_read_in_pages(model, module_forward, native, input_ids, cache, start,
+                                          keep), cache)
 
     model.forward = forward
     model._ragspec_step = step
@@ -274,7 +280,8 @@ def start_of(model, rows: int, cache) -> int | None:
     if parts is None:
         return None
     ids = torch.empty((1, rows), dtype=torch.long)
-    return _native_start(ids, None, None, cache, None, None, True, 0, {}, parts.n_layers)
+    with reading_as(prompt_precision(model)):
+        return _native_start(ids, None, None, cache, None, None, True, 0, {}, parts.n_layers)
 
 
 def forward_many(model, runs) -> list[torch.Tensor]:
@@ -431,13 +438,19 @@ def installed(model) -> bool:
     return getattr(model, "_ragspec_step", None) is not None
 
 
+def prompt_precision(model) -> str:
+    """How this model reads its prompts: packed.model_precision of its width where the native
+    step is installed, else the machine's packed.prefill_precision()."""
+    return model_precision(model.config.hidden_size) if installed(model) else prefill_precision()
+
+
 def reads_prompts(model) -> bool:
     """Whether the native step runs this model's whole prompt reads (int8 prompt reads,
-    packed.prefill_precision): then a prompt read in pieces of any size gives, bit for bit, the
+    prompt_precision): then a prompt read in pieces of any size gives, bit for bit, the
     cache and logits of the prompt read whole, and a piece can share one native call with other
     sequences' steps (ragspec.decoding.batch). (bf16 and fp32 reads are exact in pieces only
     where the pieces start at pages: `_read_in_pages`.)"""
-    return installed(model) and prefill_precision() == "int8"
+    return installed(model) and prompt_precision(model) == "int8"
 
 
 def stats(model) -> dict[str, float] | None:

@@ -13,7 +13,8 @@ chosen per forward:
   * long forwards (a prompt's prefill) take one of three precisions, `prefill_precision()`:
     "int8" runs them through the step kernels too (the native step where the model has it),
     so a prompt's rows get, bit for bit, what one-token steps would give them, and the weights
-    are never de-quantised: the default where the CPU has AVX-512 VNNI and no AMX-BF16 (on a
+    are never de-quantised: the default where the CPU has AVX-512 VNNI and no AMX-BF16, and
+    with AMX-BF16 too for models up to INT8_WIDTH_WITH_AMX wide (`model_precision`; on a
     2-core AMD EPYC of the Zen 4 kind, an 893-token prompt of the bundled model read in 0.96 s
     this way against 1.35 s de-quantised to bf16: the products ran at 320-370 GOP/s, bf16 at
     260-345 GFLOP/s). "bf16" and "fp32" de-quantise the weight in tiles of rows (exactly as
@@ -85,6 +86,12 @@ PREFILL_ENV = "RAGSPEC_PREFILL_DTYPE"
 # from the prompt's first token (the prompt cache's pages are as long: prefix_cache.PAGE_TOKENS).
 PROMPT_PAGE = 64
 PAGES_ENV = "RAGSPEC_PROMPT_PAGES"
+# On a CPU with AMX-BF16 and AVX-512 VNNI, a model this wide or narrower reads its prompts in
+# int8 (model_precision): the bundled 135M model (576 wide) read 400-900-token prompts in int8 in
+# 0.78-0.89x the bf16 time on a 2-core Xeon (docs/results/prefill-precision-ab-xeon.json). Wider
+# models keep bf16 there: the tile unit's advantage grows with the matrices, and no wider model
+# was measured.
+INT8_WIDTH_WITH_AMX = 1024
 
 _state = threading.local()
 
@@ -113,6 +120,22 @@ def prompt_pages() -> Iterator[None]:
 
 
 @contextmanager
+def reading_as(precision: str) -> Iterator[None]:
+    """Prompt reads inside the block take `precision` (a model's own, model_precision) instead
+    of the machine's prefill_precision()."""
+    previous = getattr(_state, "precision", None)
+    _state.precision = precision
+    try:
+        yield
+    finally:
+        _state.precision = previous
+
+
+def _precision() -> str:
+    return getattr(_state, "precision", None) or prefill_precision()
+
+
+@contextmanager
 def step_forward() -> Iterator[None]:
     """Every packed layer takes the step path inside the block, however many rows a forward
     has (a batched verify over many sequences is still a set of steps)."""
@@ -137,6 +160,25 @@ def prefill_precision() -> str:
     return "bf16" if cpuinfo.has_native_bf16() else "fp32"
 
 
+def model_precision(hidden_size: int) -> str:
+    """How a model `hidden_size` wide reads its prompts on this machine: prefill_precision(),
+    except on a CPU with AMX-BF16 and AVX-512 VNNI, where models up to INT8_WIDTH_WITH_AMX wide
+    read them in int8 (faster there for such models, and exact in pieces: the prompt cache
+    reuses their prefixes). A fact of the CPU and the model's shape, never of a timing; an
+    override (RAGSPEC_PREFILL_DTYPE) holds for every model. Asked at every forward: cheap, and
+    it follows the machine's answer (prefill_precision) wherever that changes."""
+    forced = os.environ.get(PREFILL_ENV, "").strip().lower() in ("int8", "bf16", "fp32")
+    return _model_precision(hidden_size, prefill_precision(), forced, str(cpuinfo.CPUINFO))
+
+
+@functools.lru_cache(maxsize=32)
+def _model_precision(hidden_size: int, precision: str, forced: bool, _cpuinfo: str) -> str:
+    if (precision == "bf16" and not forced and hidden_size <= INT8_WIDTH_WITH_AMX
+            and "avx512_vnni" in cpuinfo.flags()):
+        return "int8"
+    return precision
+
+
 @functools.lru_cache(maxsize=1)
 def reads_in_pages() -> bool:
     """Whether bf16 and fp32 prompt reads run in pages (RAGSPEC_PROMPT_PAGES=1; see the module
@@ -146,13 +188,13 @@ def reads_in_pages() -> bool:
 
 def prefill_dtype() -> torch.dtype:
     """The dtype of de-quantised prefill matmuls (bf16 or fp32; see prefill_precision)."""
-    return torch.bfloat16 if prefill_precision() == "bf16" else torch.float32
+    return torch.bfloat16 if _precision() == "bf16" else torch.float32
 
 
 def _is_step(rows: int) -> bool:
     """Whether a forward of `rows` rows runs the step kernels (always, with int8 prompt reads;
     never inside prompt_pages(), otherwise)."""
-    if getattr(_state, "step", False) or prefill_precision() == "int8":
+    if getattr(_state, "step", False) or _precision() == "int8":
         return True
     return rows <= STEP_ROWS and getattr(_state, "pages", None) is None
 

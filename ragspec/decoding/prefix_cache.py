@@ -346,10 +346,10 @@ class PrefixCache:
 def problem(model) -> str | None:
     """Why reusing read prompts would not be exact on this model's prompt reads (None: it is)."""
     from ragspec.decoding import native_step
-    from ragspec.decoding.packed import PAGES_ENV, prefill_precision, reads_in_pages
+    from ragspec.decoding.packed import PAGES_ENV, reads_in_pages
 
     if native_step.installed(model):
-        precision = prefill_precision()
+        precision = native_step.prompt_precision(model)
         if precision == "int8" or reads_in_pages():
             return None
         return (f"prompt reads run in {precision} (de-quantised weights), a short rest in the "
@@ -370,11 +370,13 @@ def whole_problem(model) -> str | None:
             "installed), which the scheduler and the engine run with different attention")
 
 
-def read_mark() -> tuple:
-    """How a prompt read runs in this process now (see recall): precision, pages, threads."""
-    from ragspec.decoding.packed import prefill_precision, reads_in_pages
+def read_mark(model) -> tuple:
+    """How a prompt read of `model` runs in this process now (see recall): precision, pages,
+    threads."""
+    from ragspec.decoding import native_step
+    from ragspec.decoding.packed import reads_in_pages
 
-    return prefill_precision(), reads_in_pages(), torch.get_num_threads()
+    return native_step.prompt_precision(model), reads_in_pages(), torch.get_num_threads()
 
 
 def kv_bytes_per_token(model) -> int:

@@ -167,6 +167,36 @@ def test_prefill_de_quantises_or_runs_the_step_kernel_as_its_precision_says(
         assert not torch.equal(long, stepped)  # two paths really ran
 
 
+@pytest.mark.parametrize("flags, width, want", [
+    ("fpu avx2 avx512f avx512_vnni avx512_bf16 amx_bf16", 576, "int8"),
+    ("fpu avx2 avx512f avx512_vnni avx512_bf16 amx_bf16", 1024, "int8"),
+    ("fpu avx2 avx512f avx512_vnni avx512_bf16 amx_bf16", 2048, "bf16"),
+    ("fpu avx2 avx512f amx_tile amx_bf16", 576, "bf16"),
+    ("fpu avx2 avx512f avx512_vnni", 4096, "int8"),
+    ("fpu avx2 fma", 576, "fp32")])
+def test_beside_amx_a_narrow_model_reads_its_prompts_in_int8(tmp_path, monkeypatch, flags, width,
+                                                              want):
+    """With AMX-BF16 the machine reads prompts in bf16, but a model up to INT8_WIDTH_WITH_AMX
+    wide reads its own in int8 where the CPU has VNNI (faster there, and exact in pieces);
+    elsewhere a model reads as the machine does, and an override holds for every model."""
+    from ragspec import cpuinfo
+    from ragspec.decoding.packed import PREFILL_ENV, model_precision, prefill_precision
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n", encoding="utf-8")
+    monkeypatch.setattr(cpuinfo, "CPUINFO", info)
+    monkeypatch.delenv(PREFILL_ENV, raising=False)
+    try:
+        prefill_precision.cache_clear()
+        assert model_precision(width) == want
+        for forced in ("bf16", "fp32", "int8"):
+            monkeypatch.setenv(PREFILL_ENV, forced)
+            prefill_precision.cache_clear()
+            assert model_precision(width) == forced
+    finally:
+        prefill_precision.cache_clear()
+
+
 @pytest.mark.parametrize("flags, want", [("fpu avx2 avx512f amx_tile amx_bf16", "bf16"),
                                          ("fpu avx2 avx512f avx512_vnni avx512_bf16 amx_bf16",
                                           "bf16"),

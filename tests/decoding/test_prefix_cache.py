@@ -19,6 +19,7 @@ import random
 import pytest
 import torch
 from conftest import MODEL_CACHE
+from cpuinfo_fixtures import cpuinfo as fake_cpuinfo
 from test_arch_matrix import hf_greedy
 from test_native_step import _model
 from test_packed import packed_copy
@@ -216,6 +217,42 @@ def test_dequantised_prompt_reads_round_otherwise_in_pieces_so_only_identical_pr
     assert stats["pages"] == 0 and 0 < stats["bytes"] <= BIG
 
 
+def test_beside_amx_a_narrow_model_reads_prompts_in_int8_and_reuses_their_prefixes(
+        packed, tiny_tokenizer, monkeypatch, tmp_path):
+    """On a CPU with AMX-BF16 and VNNI the machine's prompt reads are bf16, but a model up to
+    INT8_WIDTH_WITH_AMX wide reads its own in int8: a prompt read in two pieces is then one
+    read, bit for bit, and the prompt cache reuses a shared prefix (a wider model's stays off)."""
+    from ragspec import cpuinfo
+    from ragspec.decoding import packed as packed_module
+
+    monkeypatch.setattr(cpuinfo, "CPUINFO", fake_cpuinfo(tmp_path, "xeon-amx"))
+    monkeypatch.delenv(PREFILL_ENV, raising=False)
+    monkeypatch.setenv(PAGES_ENV, "0")
+    prefill_precision.cache_clear()
+    reads_in_pages.cache_clear()
+    assert prefill_precision() == "bf16"
+    assert native_step.prompt_precision(packed) == "int8" and prefix_cache.problem(packed) is None
+    prompt, other = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 10, tails=(37, 20))
+    whole, pieces = new_cache(packed), new_cache(packed)
+    want = _read(packed, prompt, whole)
+    _read(packed, prompt[:2 * PAGE_TOKENS], pieces)
+    assert torch.equal(_read(packed, prompt, pieces, 2 * PAGE_TOKENS), want)
+    _assert_same_cache(pieces, whole, len(prompt))
+    cold = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=0)
+    gen = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
+    gen.generate(prompt, PLAIN)
+    answer = gen.generate(other, SPEC)
+    assert answer.stats.cached_prompt_tokens == 2 * PAGE_TOKENS
+    assert answer.token_ids == cold.generate(other, SPEC).token_ids
+    monkeypatch.setattr(packed_module, "INT8_WIDTH_WITH_AMX", packed.config.hidden_size - 1)
+    packed_module._model_precision.cache_clear()
+    try:
+        assert native_step.prompt_precision(packed) == "bf16"
+        assert "bf16" in prefix_cache.problem(packed)
+    finally:
+        packed_module._model_precision.cache_clear()
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_a_recalled_prompt_is_bit_for_bit_the_one_read_and_only_under_the_same_read(
         packed, monkeypatch, precision):
@@ -224,7 +261,7 @@ def test_a_recalled_prompt_is_bit_for_bit_the_one_read_and_only_under_the_same_r
     whole = new_cache(packed)
     want = _read(packed, prompt, whole)
     kept = PrefixCache(BIG)
-    mark = prefix_cache.read_mark()
+    mark = prefix_cache.read_mark(packed)
     assert kept.keep_whole(prompt, whole, want, mark)
     recalled = new_cache(packed)
     logits = kept.recall(prompt, recalled, mark)
@@ -243,7 +280,7 @@ def test_a_recalled_prompt_is_bit_for_bit_the_one_read_and_only_under_the_same_r
 def test_whole_prompts_keep_within_the_budget_least_recently_used_first(packed, monkeypatch):
     _precision(monkeypatch, "bf16", pages=False)
     prompts = [_prompts(packed.config.vocab_size, 40, tails=(1,), seed=s)[0] for s in range(3)]
-    mark = prefix_cache.read_mark()
+    mark = prefix_cache.read_mark(packed)
     caches = []
     for p in prompts:
         c = new_cache(packed)
