@@ -149,7 +149,13 @@ void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& r) {
   r.x = x;
   if (!is_quantised(fmt)) return;
   size_rows(m, k, r);
-  for (int64_t i = 0; i < m; ++i) quantise_one(x, i, k, r);
+  if (m < 64) {  // a step's rows: on this thread
+    for (int64_t i = 0; i < m; ++i) quantise_one(x, i, k, r);
+    return;
+  }
+  at::parallel_for(0, m, 16, [&](int64_t lo, int64_t hi) {  // a prompt's: one row's bytes never
+    for (int64_t i = lo; i < hi; ++i) quantise_one(x, i, k, r);  // depend on another's
+  });
 }
 
 // Rows quantised in parallel (the torch op's path; one row's bytes never depend on another's).

@@ -103,6 +103,17 @@ void silu_mul(float* g, const float* u, int64_t n) {
   });
 }
 
+// fn(r0, r1) over rows 0..T, in parallel for a prompt's many rows (each row's values never
+// depend on the others', so how rows are split changes no bits), on this thread for a step's.
+template <typename F>
+void by_rows(int64_t T, F fn) {
+  if (T < 64) {
+    fn(int64_t(0), T);
+    return;
+  }
+  at::parallel_for(0, T, 16, fn);
+}
+
 }  // namespace
 
 class StepModel : public torch::CustomClassHolder {
@@ -240,36 +251,51 @@ class StepModel : public torch::CustomClassHolder {
     Activations a1, a2, a3;
     for (int64_t l = 0; l < layers_; ++l) {
       const Layer& L = layers[l];
-      rms_norm(hp, hidden_, T, hidden_, L.attn_norm.data_ptr<float>(), eps_, norm_offset_, n.data(), hidden_);
+      const float* attn_norm = L.attn_norm.data_ptr<float>();
+      by_rows(T, [&](int64_t r0, int64_t r1) {
+        rms_norm(hp + r0 * hidden_, hidden_, r1 - r0, hidden_, attn_norm, eps_, norm_offset_, n.data() + r0 * hidden_,
+                 hidden_);
+      });
       products(n.data(), T, {{&a1, &L.q, q.data()}, {&a2, &L.k, k.data()}, {&a3, &L.v, v.data()}});
       if (L.q_norm.numel()) {
         rms_norm(q.data(), head_dim_, T * heads_, head_dim_, L.q_norm.data_ptr<float>(), eps_, norm_offset_, q.data(), head_dim_);
         rms_norm(k.data(), head_dim_, T * kv_heads_, head_dim_, L.k_norm.data_ptr<float>(), eps_, norm_offset_, k.data(), head_dim_);
       }
-      if (L.rotary) {
-        rotate(q.data(), T, heads_, cs, sn);
-        rotate(k.data(), T, kv_heads_, cs, sn);
-      }
+      if (L.rotary)
+        by_rows(T, [&](int64_t r0, int64_t r1) {
+          rotate(q.data(), r0, r1, heads_, cs, sn);
+          rotate(k.data(), r0, r1, kv_heads_, cs, sn);
+        });
       for (int64_t s = 0; s < S; ++s) {
         kbs[s] = static_cast<KV*>(keys[s * layers_ + l].data_ptr());
         vbs[s] = static_cast<KV*>(values[s * layers_ + l].data_ptr());
         caps[s] = keys[s * layers_ + l].size(2);
       }
-      for (int64_t r = 0; r < T; ++r) {
-        const int64_t s = block[r], cap = caps[s];
-        for (int64_t gh = 0; gh < kv_heads_; ++gh) {
-          store_kv(k.data() + r * kvd + gh * head_dim_, head_dim_, kbs[s] + (gh * cap + pos[r]) * head_dim_);
-          store_kv(v.data() + r * kvd + gh * head_dim_, head_dim_, vbs[s] + (gh * cap + pos[r]) * head_dim_);
+      by_rows(T, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t s = block[r], cap = caps[s];
+          for (int64_t gh = 0; gh < kv_heads_; ++gh) {
+            store_kv(k.data() + r * kvd + gh * head_dim_, head_dim_, kbs[s] + (gh * cap + pos[r]) * head_dim_);
+            store_kv(v.data() + r * kvd + gh * head_dim_, head_dim_, vbs[s] + (gh * cap + pos[r]) * head_dim_);
+          }
         }
-      }
+      });
       attend(q.data(), kbs, vbs, caps, block, pos, att.data());
       products(att.data(), T, {{&a1, &L.o, out.data()}});
-      add_scaled(hp, out.data(), T * hidden_, resid_mult_);
-      rms_norm(hp, hidden_, T, hidden_, L.mlp_norm.data_ptr<float>(), eps_, norm_offset_, n.data(), hidden_);
+      const float* mlp_norm = L.mlp_norm.data_ptr<float>();
+      by_rows(T, [&](int64_t r0, int64_t r1) {
+        add_scaled(hp + r0 * hidden_, out.data() + r0 * hidden_, (r1 - r0) * hidden_, resid_mult_);
+        rms_norm(hp + r0 * hidden_, hidden_, r1 - r0, hidden_, mlp_norm, eps_, norm_offset_, n.data() + r0 * hidden_,
+                 hidden_);
+      });
       products(n.data(), T, {{&a1, &L.gate, g.data()}, {&a2, &L.up, u.data()}});
-      silu_mul(g.data(), u.data(), T * inter_);
+      by_rows(T, [&](int64_t r0, int64_t r1) {
+        silu_mul(g.data() + r0 * inter_, u.data() + r0 * inter_, (r1 - r0) * inter_);
+      });
       products(g.data(), T, {{&a1, &L.down, out.data()}});
-      add_scaled(hp, out.data(), T * hidden_, resid_mult_);
+      by_rows(T, [&](int64_t r0, int64_t r1) {
+        add_scaled(hp + r0 * hidden_, out.data() + r0 * hidden_, (r1 - r0) * hidden_, resid_mult_);
+      });
     }
     at::Tensor logits = at::empty({kept, vocab_}, h.options());
     if (kept > 0) {
@@ -349,9 +375,10 @@ class StepModel : public torch::CustomClassHolder {
   }
 
   // Rotary positions, rotate-half layout: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
-  void rotate(float* x, int64_t T, int64_t heads, const std::vector<float>& cs, const std::vector<float>& sn) const {
+  void rotate(float* x, int64_t r0, int64_t r1, int64_t heads, const std::vector<float>& cs,
+              const std::vector<float>& sn) const {
     const int64_t half = head_dim_ / 2;
-    for (int64_t r = 0; r < T; ++r)
+    for (int64_t r = r0; r < r1; ++r)
       for (int64_t hh = 0; hh < heads; ++hh) {
         float* p = x + (r * heads + hh) * head_dim_;
         const float* c = cs.data() + r * half;
