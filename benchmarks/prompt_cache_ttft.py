@@ -1,7 +1,7 @@
 """TTFT of a first read, an identical repeat and the chat's toggle (scheduler: spec off, then on),
 medians over the first N questions of data/questions.jsonl (RAGSPEC_HOME must hold an index of
 data/corpus). Usage: python benchmarks/prompt_cache_ttft.py [N]; RAGSPEC_PREFILL_DTYPE and
-RAGSPEC_PROMPT_PAGES=1 choose the prompt read. Beside the engine's own ttft_seconds, the *_wall
+RAGSPEC_PROMPT_PAGES=1 choose the prompt read (default: the model's on this machine). Beside the engine's own ttft_seconds, the *_wall
 figures are the caller's clock: from submitting (or starting the stream) to holding the first
 span."""
 import json
@@ -13,7 +13,8 @@ import time
 from dataclasses import replace
 
 from ragspec.bench.sessions import without_prompt_cache
-from ragspec.decoding.packed import prefill_precision, reads_in_pages
+from ragspec.decoding.native_step import prompt_precision
+from ragspec.decoding.packed import reads_in_pages
 from ragspec.decoding.scheduler import scheduler_for
 from ragspec.decoding.types import DraftConfig, GenerationConfig
 from ragspec.loading import load_generator, open_store
@@ -63,7 +64,7 @@ def med(k):
     return statistics.median(r[k] for r in rows)
 
 
-print(json.dumps(dict(precision=prefill_precision(), pages=reads_in_pages(), n=len(rows), prompt_tokens=med("prompt"),
+print(json.dumps(dict(precision=prompt_precision(gen.model), pages=reads_in_pages(), n=len(rows), prompt_tokens=med("prompt"),
       first_ttft=med("first"), toggle_ttft=med("toggle"), repeat_ttft=med("repeat"),
       toggle_ratio=statistics.median(r["toggle"] / r["first"] for r in rows),
       repeat_ratio=statistics.median(r["repeat"] / r["first"] for r in rows),

@@ -77,8 +77,9 @@ class BatchSequence:
     def __init__(self, gen: Generator, prompt_ids: Sequence[int], config: GenerationConfig,
                  sources: Sequence[SourceRegion] = (), recall: bool = False):
         """recall: this sequence's prompt would be read in one forward (the scheduler reads
-        whole prompts), so an identical prompt kept whole (Generator.whole_prompts) may be
-        recalled instead, and this one kept whole once read."""
+        whole prompts), or in pieces that read as one (where prefixes are reused), so an
+        identical prompt kept whole (Generator.whole_prompts) may be recalled instead, and this
+        one kept whole once read."""
         self.stream: GenerationStream = gen.stream(prompt_ids, config, sources=sources)
         self.stream._cache = new_cache(gen.model)
         shared = self._shared = self.stream._policy
@@ -157,7 +158,9 @@ class BatchSequence:
             self.prefilled = a
             if self.prefilling:
                 return Outcome()
-            stream._keep_prompt(logits if self.whole and b else None)
+            # kept whole after one read, or after pieces that read as one (prefixes reused)
+            exact = b or stream._prefix is not None
+            stream._keep_prompt(logits if self.whole and exact else None)
             step = self._first(logits)
         else:
             step = stream._accept(logits, a, b)

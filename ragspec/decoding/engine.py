@@ -169,9 +169,10 @@ class Generator:
         return (cache, "") if cache is not None else (None, "turned off (a prompt cache of 0 MB)")
 
     def whole_prompts(self) -> prefix_cache.PrefixCache | None:
-        """The prompt cache that keeps and recalls identical prompts whole, where prefixes are
-        not reused but whole reads are (prefix_cache.whole_problem); else None."""
-        if prefix_cache.problem(self.model) is None or prefix_cache.whole_problem(self.model):
+        """The prompt cache that keeps and recalls identical prompts whole, where whole reads
+        can be (prefix_cache.whole_problem), beside the pages where prefixes are reused too (an
+        identical prompt then needs no forward, not even for its last page); else None."""
+        if prefix_cache.whole_problem(self.model):
             return None
         return self._budgeted_cache()
 
@@ -389,7 +390,8 @@ class GenerationStream:
             start = self._reuse_prompt()
             logits = forward(self.gen.model, self.prompt_ids[start:], self._cache,
                              logits_to_keep=1)
-            self._keep_prompt(logits if start == 0 else None)
+            # kept whole too where it was one read, or a read after pages that reads as one
+            self._keep_prompt(logits if start == 0 or self._prefix is not None else None)
         step, self.stats.step = self.gen.fixed_step()
         if step is not None:  # the prompt read filled the cache; the steps run on a static one
             need = len(self.prompt_ids) + self.config.max_new_tokens
@@ -414,19 +416,20 @@ class GenerationStream:
         if whole is None:
             return None
         self._whole = (whole, prefix_cache.read_mark(self.gen.model))
-        logits = whole.recall(self.prompt_ids, self._cache, self._whole[1])
+        pages = self.gen.prompt_cache()[0] is not None  # looked up next, on a miss
+        logits = whole.recall(self.prompt_ids, self._cache, self._whole[1], count_miss=not pages)
         if logits is not None:
             self.stats.cached_prompt_tokens = len(self.prompt_ids)
             self.stats.prompt_cache_off = self.gen.prompt_cache()[1]  # why not by prefixes
         return logits
 
     def _keep_prompt(self, whole_logits: torch.Tensor | None = None) -> None:
-        """Once the cache holds the whole prompt: keep its pages for later reads, or, where
-        only identical prompts are reused and it was read in one forward (whole_logits, its
-        last token's), the whole prompt."""
+        """Once the cache holds the whole prompt: keep its pages for later reads where prefixes
+        are reused, and, given its last token's logits from a read that reads as one forward
+        (whole_logits), the whole prompt for an identical one."""
         if self._prefix is not None:
             self._prefix.store(self.prompt_ids, self._cache)
-        elif whole_logits is not None and self._whole is not None:
+        if whole_logits is not None and self._whole is not None:
             whole, mark = self._whole
             whole.keep_whole(self.prompt_ids, self._cache, whole_logits, mark)
 

@@ -28,15 +28,16 @@ model's whole forward multiply a long prompt with de-quantised weights but a sho
 the int8 step kernels, and the module forward rounds a prompt's rows with the shapes of its
 forward — and GenerationStats.prompt_cache_off carries that line.
 
-Identical prompts on the other paths: `keep_whole(prompt, cache, logits, mark)` keeps a prompt
-read in ONE forward whole — every position's keys and values and its last token's logits — and
+Identical prompts: `keep_whole(prompt, cache, logits, mark)` keeps a prompt read in ONE forward
+(or, where pages are exact, in pieces that read as one) — every position's keys and values and its last token's logits — and
 `recall(prompt, cache, mark)` writes them into a fresh cache and returns the logits when the
 very same tokens come again (the chat's toggle, "ask again", a repeated request to `serve`),
 so no forward runs at all. Exact because nothing is computed: the cache and the logits are the
 bits the earlier whole read of the same tokens produced, and `mark` (the prompt-read precision,
 pages or not, torch's thread count) must match, so an entry is only used where the same call
-would have run. Used where pages are not exact but the native step reads prompts on the CPU
-(`whole_problem(model)` is None: bf16 and fp32 whole reads); the module forward keeps it off
+would have run. Used wherever the native step reads prompts on the CPU
+(`whole_problem(model)` is None), beside the pages where those are exact too (an identical
+prompt then needs no forward, not even for its last page); the module forward keeps it off
 (the scheduler reads prompts there through another attention than the engine's). Entries share
 the pages' budget and least-recently-used order.
 
@@ -234,18 +235,21 @@ class PrefixCache:
 
     # -- whole prompts --------------------------------------------------------------------------
 
-    def recall(self, prompt, cache, mark: tuple) -> torch.Tensor | None:
+    def recall(self, prompt, cache, mark: tuple, count_miss: bool = True) -> torch.Tensor | None:
         """If `prompt` was kept whole (keep_whole) under the same `mark`: write all its
         positions into `cache`, a fresh cache, and return its last token's logits (1, vocab);
-        else None (nothing written). Counted as a lookup either way."""
+        else None (nothing written). Counted as a lookup when it hits, and when it misses
+        unless not `count_miss` (the pages are looked up next: one lookup a prompt)."""
         prompt = [int(t) for t in prompt]
         key = _whole_key(prompt)
         with self._lock:
             entry = self._pages.get(key)
-            self._stats.lookups += 1
-            self._stats.prompt_tokens += len(prompt)
-            if not isinstance(entry, WholePrompt) or entry.tokens != tuple(prompt) \
-                    or entry.mark != mark:
+            hit = (isinstance(entry, WholePrompt) and entry.tokens == tuple(prompt)
+                   and entry.mark == mark)
+            if hit or count_miss:
+                self._stats.lookups += 1
+                self._stats.prompt_tokens += len(prompt)
+            if not hit:
                 return None
             self._pages.move_to_end(key)
             self._stats.hits += 1

@@ -30,7 +30,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from ragspec.decoding import native_step
+from ragspec.decoding import native_step, prefix_cache
 from ragspec.decoding.batch import BatchSequence, StepTimes, batch_step
 from ragspec.decoding.engine import Generator
 from ragspec.decoding.ragged import packing_problem
@@ -169,9 +169,11 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk if gen.speculation_off_reason is None else None
         # prompt pieces ride in the decoding rows' forward where a piece reads as the whole
         self.shared = self.packing_problem is None and native_step.reads_prompts(gen.model)
-        # every prompt read in one forward, as the engine reads it: an identical prompt kept
-        # whole may be recalled (prefix_cache.PrefixCache.recall)
-        self.reads_whole = self.prefill_chunk is None and not self.shared
+        # every prompt read in one forward, as the engine reads it, or read where pieces read as
+        # the whole (prefixes reused): an identical prompt kept whole may be recalled
+        # (prefix_cache.PrefixCache.recall)
+        self.reads_whole = ((self.prefill_chunk is None and not self.shared)
+                            or prefix_cache.problem(gen.model) is None)
         if self.packing_problem:
             logger.info("one forward per request per step: %s", self.packing_problem)
         self._waiting: collections.deque[Request] = collections.deque()

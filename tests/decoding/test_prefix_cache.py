@@ -145,8 +145,8 @@ def test_with_the_cache_the_engine_answers_as_without_it_and_as_transformers_gen
             assert got.token_ids == want.token_ids
             assert got.stats.prompt_cache_off == ""
             cached = got.stats.cached_prompt_tokens
-            if config is SPEC:  # the same prompt a second time: all its pages but the last
-                assert cached == (len(prompt) - 1) // PAGE_TOKENS * PAGE_TOKENS
+            if config is SPEC:  # the same prompt a second time: recalled whole, no forward
+                assert cached == len(prompt)
             elif i > 0:  # the prefix an earlier prompt left
                 assert cached == 2 * PAGE_TOKENS
         assert got.token_ids == hf_greedy(packed, prompt, PLAIN.max_new_tokens)[:len(got.token_ids)]
@@ -159,8 +159,9 @@ def test_with_the_cache_the_engine_answers_as_without_it_and_as_transformers_gen
 def test_the_scheduler_reuses_prompts_and_gives_the_solo_answers(packed, tiny_tokenizer,
                                                                    monkeypatch, precision):
     """Through the scheduler (the chat and `serve`): a request after another with the same
-    prefix, and the toggle's second run of one prompt, read only past the cached pages; two
-    requests at once share the pages the first one left. (bf16 and fp32 prompts are read whole,
+    prefix reads only past the cached pages, the toggle's second run of one prompt is recalled
+    whole (kept whole after its pieces, which read as one); two requests at once share the pages
+    the first one left. (bf16 and fp32 prompts are read whole,
     the scheduler's default: a chunk of a prompt reads as its own forward does.)"""
     _precision(monkeypatch, precision)
     prompts = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 2, tails=(20, 33, 70))
@@ -175,7 +176,7 @@ def test_the_scheduler_reuses_prompts_and_gives_the_solo_answers(packed, tiny_to
         first = scheduler.submit(prompts[0], PLAIN).result()
         assert first.stats.cached_prompt_tokens == 0 and first.token_ids == solo[0, False]
         toggled = scheduler.submit(prompts[0], SPEC).result()
-        assert toggled.stats.cached_prompt_tokens == 2 * PAGE_TOKENS
+        assert toggled.stats.cached_prompt_tokens == len(prompts[0])
         assert toggled.token_ids == solo[0, True]
         together = [scheduler.submit(prompts[i], c) for i in (1, 2) for c in (PLAIN, SPEC)]
         for request, key in zip(together, [(i, c is SPEC) for i in (1, 2) for c in (PLAIN, SPEC)],
