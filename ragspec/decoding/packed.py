@@ -88,7 +88,7 @@ PROMPT_PAGE = 64
 PAGES_ENV = "RAGSPEC_PROMPT_PAGES"
 # On a CPU with AMX-BF16 and AVX-512 VNNI, a model this wide or narrower reads its prompts in
 # int8 (model_precision): the bundled 135M model (576 wide) read 400-900-token prompts in int8 in
-# 0.78-0.89x the bf16 time on a 2-core Xeon (docs/results/prefill-precision-ab-xeon.json). Wider
+# 0.83-0.85x the bf16 time on a 2-core Xeon (docs/results/prefill-precision-ab-xeon-wide.json). Wider
 # models keep bf16 there: the tile unit's advantage grows with the matrices, and no wider model
 # was measured.
 INT8_WIDTH_WITH_AMX = 1024
