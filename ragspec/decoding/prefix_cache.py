@@ -29,17 +29,17 @@ the int8 step kernels, and the module forward rounds a prompt's rows with the sh
 forward — and GenerationStats.prompt_cache_off carries that line.
 
 Identical prompts: `keep_whole(prompt, cache, logits, mark)` keeps a prompt read in ONE forward
-(or, where pages are exact, in pieces that read as one) — every position's keys and values and its last token's logits — and
-`recall(prompt, cache, mark)` writes them into a fresh cache and returns the logits when the
-very same tokens come again (the chat's toggle, "ask again", a repeated request to `serve`),
-so no forward runs at all. Exact because nothing is computed: the cache and the logits are the
-bits the earlier whole read of the same tokens produced, and `mark` (the prompt-read precision,
-pages or not, torch's thread count) must match, so an entry is only used where the same call
-would have run. Used wherever the native step reads prompts on the CPU
+(or, where pages are exact, in pieces that read as one) — every position's keys and values and
+its last token's logits — and `recall(prompt, cache, mark)` writes them into a fresh cache and
+returns the logits when the very same tokens come again (the chat's toggle, "ask again", a
+repeated request to `serve`), so no forward runs at all. Exact because nothing is computed: the
+cache and the logits are the bits the earlier whole read of the same tokens produced, and `mark`
+(the prompt-read precision, pages or not, torch's thread count) must match, so an entry is only
+used where the same call would have run. Used wherever the native step reads prompts on the CPU
 (`whole_problem(model)` is None), beside the pages where those are exact too (an identical
-prompt then needs no forward, not even for its last page); the module forward keeps it off
-(the scheduler reads prompts there through another attention than the engine's). Entries share
-the pages' budget and least-recently-used order.
+prompt then needs no forward, not even for its last page); the module forward keeps it off (the
+scheduler reads prompts there through another attention than the engine's). Entries share the
+pages' budget and least-recently-used order.
 
 Budget: `budget_bytes(model)`, the one reader of RAGSPEC_PROMPT_CACHE_MB (the CLI's
 --prompt-cache-mb sets it; 0 turns the cache off); default min(RAM / 16, 8 full contexts of the
