@@ -120,31 +120,30 @@ def prompt_pages() -> Iterator[None]:
 
 
 @contextmanager
-def reading_as(precision: str) -> Iterator[None]:
-    """Prompt reads inside the block take `precision` (a model's own, model_precision) instead
-    of the machine's prefill_precision()."""
-    previous = getattr(_state, "precision", None)
-    _state.precision = precision
+def _holding(name: str, value, default) -> Iterator[None]:
+    """This thread's `_state.<name>` is `value` inside the block, as it was (or `default`) after."""
+    previous = getattr(_state, name, default)
+    setattr(_state, name, value)
     try:
         yield
     finally:
-        _state.precision = previous
+        setattr(_state, name, previous)
+
+
+def reading_as(precision: str):
+    """Prompt reads inside the block take `precision` (a model's own, model_precision) instead
+    of the machine's prefill_precision()."""
+    return _holding("precision", precision, None)
 
 
 def _precision() -> str:
     return getattr(_state, "precision", None) or prefill_precision()
 
 
-@contextmanager
-def step_forward() -> Iterator[None]:
+def step_forward():
     """Every packed layer takes the step path inside the block, however many rows a forward
     has (a batched verify over many sequences is still a set of steps)."""
-    previous = getattr(_state, "step", False)
-    _state.step = True
-    try:
-        yield
-    finally:
-        _state.step = previous
+    return _holding("step", True, False)
 
 
 @functools.lru_cache(maxsize=1)

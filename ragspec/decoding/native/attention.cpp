@@ -486,7 +486,6 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
         request_lines<T, _MM_HINT_T1>(v + (j + i) * vstride, d);
       }
       for (int a0 = 0, qn; a0 < Q; a0 += qn) {
-        qn = group_size(Q, a0);
 #ifdef RS_WIDE
         if (g_wide) {
           qn = wide_group_size(Q, a0);
@@ -494,6 +493,7 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
           continue;
         }
 #endif
+        qn = group_size(Q, a0);
         if (qn == 3) dot8_shared<T, 3>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
         else if (qn == 2) dot8_shared<T, 2>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
         else dot8_shared<T, 1>(q + a0, kj, kstride, d, vs, s.data() + a0, j);
@@ -515,7 +515,6 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
       const int64_t j1 = std::min(shared, j0 + chunk);
       for (int64_t c = 0; c < d; c += 32)
         for (int a0 = 0, qn; a0 < Q; a0 += qn) {
-          qn = group_size(Q, a0);
 #ifdef RS_WIDE
           if (g_wide) {
             qn = wide_group_size(Q, a0);
@@ -528,6 +527,7 @@ static void attend_rows_shared_of(const float* const* q, const int64_t* hi, int 
             continue;
           }
 #endif
+          qn = group_size(Q, a0);
           __m256 o[3][4];
           for (int b = 0; b < qn; ++b)
             for (int i = 0; i < 4; ++i) o[b][i] = _mm256_loadu_ps(&sums[(a0 + b) * d + c + 8 * i]);
