@@ -9,7 +9,9 @@ rendered by `man`, text this project did not write) once per arm, the arms in a 
 AVX512-BF16), "int8" (the step kernels, bit for bit what one-token steps give: the default on
 VNNI CPUs, and the read the exact prompt cache needs), where the CPU has AVX-512
 "int8-narrow" (the same with attention's 8-lane loops, `set_wide_attention(False)`: the same
-bits, the speed before the 16-lane ones) and, where the CPU has AMX, "int8-amx" (the same
+bits, the speed before the 16-lane ones), "int8-rows" (the same with a prompt's activations in
+one row-major layout only, `set_interleaved_rows(False)`: the same bits, the speed before rows
+were also kept interleaved by 8) and, where the CPU has AMX, "int8-amx" (the same
 kernels with the tile unit, the `set_amx` op). Prints per arm and length
 the median seconds and the per-read ratio to bf16 (median of paired ratios), with the load
 average around each round.
@@ -61,7 +63,7 @@ def main() -> None:
         raise SystemExit("a text is shorter than the longest length asked for")
     ops = native.ops(".")  # loaded by load_generator already; the argument is not used
     wide = ops.set_wide_attention(True)
-    arms = (["bf16", "int8"] + (["int8-narrow"] if wide else [])
+    arms = (["bf16", "int8"] + (["int8-narrow", "int8-rows"] if wide else [])
             + (["int8-amx"] if ops.amx_available() else []))
 
     def arm(name: str) -> None:
@@ -69,6 +71,7 @@ def main() -> None:
         packed.prefill_precision.cache_clear()
         ops.set_amx(name == "int8-amx")
         ops.set_wide_attention(name != "int8-narrow")
+        ops.set_interleaved_rows(name != "int8-rows")
 
     times: dict[str, dict[int, list[float]]] = {a: {n: [] for n in lengths} for a in arms}
     loads = []

@@ -142,6 +142,7 @@ class BatchSequence:
     def plan_decode(self, others: int) -> Block:
         """[last token, draft...] with the draft sized for a step that has `others` other rows."""
         stream = self.stream
+        stream._settle()  # the prompt read, kept now that its first token is out (take)
         if stream._policy is not None:
             stream._policy.cost = ShiftedCost(self._cost, others)
         match, draft = stream._propose()
@@ -158,14 +159,18 @@ class BatchSequence:
             self.prefilled = a
             if self.prefilling:
                 return Outcome()
-            # kept whole after one read, or after pieces that read as one (prefixes reused)
+            # kept whole after one read, or after pieces that read as one (prefixes reused);
+            # kept once the first token is out: before this sequence's next forward
+            # (plan_decode), or now if the answer ends here
             exact = b or stream._prefix is not None
-            stream._keep_prompt(logits if self.whole and exact else None)
-            step = self._first(logits)
-        else:
-            step = stream._accept(logits, a, b)
-            if stream._governor is not None:  # by the curve: a shared step has no time of its own
-                stream._governor.record(len(b), step.accepted, len(stream._index) - 1)
+            stream._unkept = (logits if self.whole and exact else None,)
+            outcome = self._commit(self._first(logits))
+            if outcome.done:
+                stream._settle()
+            return outcome
+        step = stream._accept(logits, a, b)
+        if stream._governor is not None:  # by the curve: a shared step has no time of its own
+            stream._governor.record(len(b), step.accepted, len(stream._index) - 1)
         return self._commit(step)
 
     def take_recalled(self) -> Outcome:

@@ -319,6 +319,8 @@ class GenerationStream:
         self._prefix: prefix_cache.PrefixCache | None = None  # where its prompt is kept
         # where identical prompts are kept whole, and how this prompt is read (_recall_prompt)
         self._whole: tuple[prefix_cache.PrefixCache, tuple] | None = None
+        # the prompt read, not yet kept (the arguments of _keep_prompt), until the first token
+        self._unkept: tuple[torch.Tensor | None] | None = None
         repeat = config.repeat
         self._guard = (RepetitionGuard(repeat.stop_ngram, repeat.stop_count)
                        if repeat is not None and repeat.stop_ngram else None)
@@ -366,6 +368,7 @@ class GenerationStream:
             busy += time.perf_counter() - clock
             stats.decode_seconds = busy
             yield from spans
+            self._settle()  # after the first token is out, before the next forward
             if done:
                 self.gen.review_cost()
                 return
@@ -390,10 +393,12 @@ class GenerationStream:
             start = self._reuse_prompt()
             logits = forward(self.gen.model, self.prompt_ids[start:], self._cache,
                              logits_to_keep=1)
-            # kept whole too where it was one read, or a read after pages that reads as one
-            self._keep_prompt(logits if start == 0 or self._prefix is not None else None)
+            # kept whole too where it was one read, or a read after pages that reads as one;
+            # copying it out waits until the first token is out (_run), the cache unchanged
+            self._unkept = (logits if start == 0 or self._prefix is not None else None,)
         step, self.stats.step = self.gen.fixed_step()
         if step is not None:  # the prompt read filled the cache; the steps run on a static one
+            self._settle()  # the static one is made from it: keep it first
             need = len(self.prompt_ids) + self.config.max_new_tokens
             self._fixed, self._cache = step.sequence(self._cache, need), None
         logits = self._penalised(logits, [])
@@ -422,6 +427,13 @@ class GenerationStream:
             self.stats.cached_prompt_tokens = len(self.prompt_ids)
             self.stats.prompt_cache_off = self.gen.prompt_cache()[1]  # why not by prefixes
         return logits
+
+    def _settle(self) -> None:
+        """Keep the prompt read (_unkept) if it is not yet: called once its first token is
+        out, while the cache still holds the prompt alone."""
+        if self._unkept is not None:
+            unkept, self._unkept = self._unkept, None
+            self._keep_prompt(*unkept)
 
     def _keep_prompt(self, whole_logits: torch.Tensor | None = None) -> None:
         """Once the cache holds the whole prompt: keep its pages for later reads where prefixes

@@ -97,7 +97,10 @@ class NgramIndex:
             n: {} for n in range(min_n, max_n + 1)
         }
         self._key_ends: dict[int, dict[tuple, list[int]]] = {n: {} for n in range(min_n, max_n + 1)}
-        self.extend(tokens)
+        # The constructor's tokens (a prompt) are indexed on first use (propose, alternatives),
+        # with whatever was appended meanwhile: a model's first token does not wait for it.
+        self.tokens.extend(int(t) for t in tokens)
+        self._lazy = bool(self.tokens)
         self.prompt_length = len(self.tokens)  # what the constructor was given: the prompt
 
     def __len__(self) -> int:
@@ -105,6 +108,9 @@ class NgramIndex:
 
     def append(self, token: int) -> None:
         toks = self.tokens
+        if self._lazy:  # indexed with the rest on first use (_catch_up)
+            toks.append(int(token))
+            return
         # The n-grams ending at the previous last position now have a continuation.
         end = len(toks) - 1
         if end >= 0:
@@ -143,6 +149,15 @@ class NgramIndex:
         for t in tokens:
             self.append(t)
 
+    def _catch_up(self) -> None:
+        """Index the tokens held since construction, as appending them one by one would have
+        (nothing was proposed meanwhile, so the copy follower had nothing to follow)."""
+        if self._lazy:
+            self._lazy = False
+            held = self.tokens[:]
+            self.tokens.clear()
+            self.extend(held)
+
     def _agreement(self, end: int, n: int) -> int:
         """How far back the occurrence ending at `end` agrees with the sequence's end (>= n)."""
         toks, last = self.tokens, len(self.tokens) - 1
@@ -162,6 +177,7 @@ class NgramIndex:
         Returns None when no suffix of length >= min_n occurred earlier (and nothing is
         followed).
         """
+        self._catch_up()
         match = self._suffix_match(max_tokens)
         if self.keys is not None:
             match = self._variant_match(match, max_tokens)
@@ -258,6 +274,7 @@ class NgramIndex:
         current suffix, longest suffix first, latest first, one per distinct next token and
         none starting with `skip` (the main draft's first token). Looks at the latest
         `per_suffix` occurrences of each suffix length."""
+        self._catch_up()
         toks, found, seen = self.tokens, [], {skip}
         length_now = len(toks)
         for n in range(min(self.max_n, length_now), self.min_n - 1, -1):

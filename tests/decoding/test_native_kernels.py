@@ -238,6 +238,28 @@ def test_attention_over_an_fp16_cache_is_the_fp32_arithmetic_on_the_widened_valu
         ops.attend(q, k, v.float(), lo, hi, 0.3, softcap)
 
 
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_a_prompts_rows_interleaved_by_eight_give_the_row_by_row_bits(ops, fmt):
+    """A prompt's rows (64 or more) are also kept interleaved by 8 for the tiled kernel of the
+    formats with groups of 32 (one pointer for 8 rows): every row's result is the one it gets
+    in the row-major layout, alone or beside other rows, the rows after the last block of 8
+    included."""
+    n, k, m = 67, 512, 100  # 12 blocks of 8 rows and 4 more; edge tiles too
+    raw, code = as_layout(fmt, torch.from_numpy(random_packed(fmt, n, k, seed=8)), k, "tiled")
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(9))
+    try:
+        ops.set_interleaved_rows(False)
+        rows = ops.qmatmul(x, raw, code, k)
+        ops.set_interleaved_rows(True)
+        interleaved = ops.qmatmul(x, raw, code, k)
+    finally:
+        ops.set_interleaved_rows(True)
+    assert torch.equal(interleaved, rows)
+    for start, count in ((0, 1), (50, 7), (36, 64)):
+        assert torch.equal(ops.qmatmul(x[start:start + count], raw, code, k),
+                           interleaved[start:start + count]), (start, count)
+
+
 @pytest.mark.parametrize("d", [40, 64, 128])
 @pytest.mark.parametrize("half", [False, True], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("softcap,window", [(0.0, None), (30.0, None), (0.0, 9)])
@@ -271,12 +293,14 @@ def test_the_sixteen_lane_attention_gives_the_eight_lane_bits(ops, d, half, soft
 
 
 def test_the_prefetch_distance_is_compiled_from_the_cpus_maker(tmp_path, monkeypatch):
-    """AMD parts get weight bytes requested 8 KiB ahead (measured faster there), others the 2 KiB
-    of tiled.h; the choice is part of the build key, so each build is the machine's own."""
+    """AMD parts get weight bytes requested 8 KiB ahead and the products' broadcasts from their
+    memory operands (measured faster there), others the 2 KiB and the broadcast loads of
+    tiled.h; the choice is part of the build key, so each build is the machine's own."""
     from ragspec import cpuinfo
 
     keys = {}
-    for vendor, want in (("AuthenticAMD", ("-DRS_AHEAD_BYTES=8192",)), ("GenuineIntel", ())):
+    amd = ("-DRS_AHEAD_BYTES=8192", "-DRS_LOAD_BROADCAST=0")
+    for vendor, want in (("AuthenticAMD", amd), ("GenuineIntel", ())):
         info = tmp_path / vendor
         info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu avx2\n")
         monkeypatch.setattr(cpuinfo, "CPUINFO", info)

@@ -230,3 +230,31 @@ def test_own_marks_copies_from_the_generated_part():
     index.extend([3, 1])
     index.extend([2])
     assert index.propose(2).own  # (1, 2) last occurred in the answer
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 5), min_size=0, max_size=40),
+    written=st.lists(st.integers(0, 5), min_size=0, max_size=30),
+    unproposed=st.integers(0, 3),
+    follow=st.booleans(),
+    keyed=st.booleans(),
+)
+def test_a_prompt_indexed_on_first_use_proposes_as_one_indexed_at_once(
+        prompt, written, unproposed, follow, keyed):
+    """The constructor's tokens (a prompt) are indexed on the first proposal, after whatever was
+    appended before it (the model's first tokens): every proposal and alternative then is the
+    one an index that took the prompt token by token gives."""
+    keys = (lambda t: t // 2) if keyed else None
+    lazy = NgramIndex(prompt, min_n=1, max_n=3, occurrences=2, follow=follow, keys=keys)
+    eager = NgramIndex(min_n=1, max_n=3, occurrences=2, follow=follow, keys=keys)
+    eager.extend(prompt)
+    eager.prompt_length = len(prompt)  # what it was given first, as the lazy one's
+    assert lazy.prompt_length == len(prompt)
+    for i, token in enumerate(written):
+        lazy.append(token)
+        eager.append(token)
+        assert lazy.tokens == eager.tokens and len(lazy) == len(eager)
+        if i >= unproposed:
+            assert lazy.propose(6) == eager.propose(6)
+            assert lazy.alternatives(None, 3, 4) == eager.alternatives(None, 3, 4)

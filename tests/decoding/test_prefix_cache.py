@@ -25,6 +25,7 @@ from test_native_step import _model
 from test_packed import packed_copy
 
 from ragspec.decoding import native, native_step, prefix_cache
+from ragspec.decoding.batch import BatchSequence, batch_step
 from ragspec.decoding.cache import new_cache
 from ragspec.decoding.engine import Generator
 from ragspec.decoding.packed import PAGES_ENV, PREFILL_ENV, prefill_precision, reads_in_pages
@@ -153,6 +154,38 @@ def test_with_the_cache_the_engine_answers_as_without_it_and_as_transformers_gen
     stats = warm.prompt_cache_stats()
     assert stats["hits"] == 5 and stats["lookups"] == 6 and 0 < stats["hit_rate"] < 1
     assert 0 < stats["bytes"] <= BIG
+
+
+def test_the_first_token_does_not_wait_for_the_prompt_to_be_kept(packed, tiny_tokenizer,
+                                                                  monkeypatch):
+    """The prompt read's pages and whole copy are kept once its first token is out, before the
+    next forward: the first span comes with nothing kept yet, the next one after it is kept
+    whole and in pages; an answer of one token keeps it too (recalled whole next time). The
+    same through the scheduler's steps."""
+    _precision(monkeypatch, "int8")
+    prompt = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 5, tails=(30,))[0]
+    warm = Generator(packed, tiny_tokenizer, eos_token_ids=[2], prompt_cache_bytes=BIG)
+    stream = warm.stream(prompt, PLAIN)
+    next(stream)
+    assert warm.prompt_cache_stats()["prompts"] == 0 and warm.prompt_cache_stats()["pages"] == 0
+    next(stream)
+    assert warm.prompt_cache_stats()["prompts"] == 1 and warm.prompt_cache_stats()["pages"] == 2
+    want = stream.result().token_ids
+    other = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 5, tails=(30,), seed=9)[0]
+    one = GenerationConfig(max_new_tokens=1, draft=DraftConfig(enabled=False))
+    assert warm.generate(other, one).stats.cached_prompt_tokens == 0
+    assert warm.generate(other, PLAIN).stats.cached_prompt_tokens == len(other)
+    assert warm.generate(prompt, PLAIN).token_ids == want
+    # the scheduler's steps: the step that yields the first token keeps nothing, the next one
+    # keeps the prompt before its forward (BatchSequence.plan_decode)
+    third = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 5, tails=(30,), seed=11)[0]
+    seq = BatchSequence(warm, third, PLAIN, recall=True)
+    kept = warm.prompt_cache_stats()["prompts"]
+    while not (outcome := batch_step(warm, [seq])[seq]).spans:
+        pass
+    assert warm.prompt_cache_stats()["prompts"] == kept
+    batch_step(warm, [seq])
+    assert warm.prompt_cache_stats()["prompts"] == kept + 1
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

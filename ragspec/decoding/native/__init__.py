@@ -47,8 +47,11 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-std=c
 
 def tuning_flags() -> tuple[str, ...]:
     """Compile-time tuning that depends on the CPU's maker (read from /proc/cpuinfo, part of the
-    build key): how far ahead the tiled kernel requests weight bytes (tiled.h)."""
-    return ("-DRS_AHEAD_BYTES=8192",) if cpuinfo.field("vendor_id") == "AuthenticAMD" else ()
+    build key): how far ahead the tiled kernel requests weight bytes, and whether its products
+    broadcast activation bytes from their memory operand (tiled.h, dot4)."""
+    if cpuinfo.field("vendor_id") == "AuthenticAMD":
+        return ("-DRS_AHEAD_BYTES=8192", "-DRS_LOAD_BROADCAST=0")
+    return ()
 
 
 _lock = threading.Lock()

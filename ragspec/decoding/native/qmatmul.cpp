@@ -116,6 +116,23 @@ static void quantise_row(const float* x, int64_t k, int span, int8_t* q, float* 
   }
 }
 
+// Whether a prompt's rows are also kept interleaved by 8 for the tiled kernel (Activations::q8;
+// the same bits either way, tiled.h; switched off by tests and measurements).
+static bool g_interleave = true;
+
+// Rows kept interleaved by 8 (Activations::q8): the whole blocks of 8 of a prompt's rows (64 or
+// more) for the tiled kernel of the formats with groups of 32 and one scale a group; none for a
+// step's few rows, other formats or without AVX-512.
+static int64_t interleaved_rows(int64_t m, int fmt) {
+#ifdef RS_AVX512
+  const bool g32 = fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0;
+  return g_interleave && g32 && m >= 64 ? m / 8 * 8 : 0;
+#else
+  (void)m, (void)fmt;
+  return 0;
+#endif
+}
+
 static void size_rows(int64_t m, int64_t k, Activations& r) {
   r.q.resize(m * k);
   r.d.resize(m * (k / 32));
@@ -124,6 +141,11 @@ static void size_rows(int64_t m, int64_t k, Activations& r) {
   r.start32.resize(group_offset(r.fmt) ? m * (k / 32) : 0);
   r.start16.resize(r.fmt == Q6_K ? m * (k / 16) : 0);
   r.qpair.resize(r.fmt == Q4_K || r.fmt == Q5_K ? m * (k / 64) : 0);
+  const int64_t il = interleaved_rows(m, r.fmt);
+  r.q8.resize(il * k);
+  r.d8.resize(il * (k / 32));
+  r.dsum8.resize(il * (k / 32));
+  r.start8.resize(r.start32.empty() ? 0 : il * (k / 32));
 }
 
 static void quantise_one(const float* x, int64_t i, int64_t k, Activations& r) {
@@ -139,6 +161,25 @@ static void quantise_one(const float* x, int64_t i, int64_t k, Activations& r) {
     for (int64_t g = 0; g < G; ++g) r.start32[i * G + g] = -c * (qs[2 * g] + qs[2 * g + 1]);
   if (r.fmt == Q6_K)
     for (int64_t h = 0; h < 2 * G; ++h) r.start16[i * 2 * G + h] = -32 * qs[h];
+  if (i * k < int64_t(r.q8.size())) {  // also interleaved: row i % 8 of its block's groups
+    const int64_t b = i / 8, rr = i % 8;
+    const int8_t* q = r.q.data() + i * k;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t at = (b * G + g) * 8;
+      int8_t* dst = r.q8.data() + at * 32 + 4 * rr;
+      for (int w = 0; w < 8; ++w) std::memcpy(dst + 32 * w, q + 32 * g + 4 * w, 4);
+      r.d8[at + rr] = r.d[i * G + g];
+      r.dsum8[at + rr] = r.dsum[i * G + g];
+      if (!r.start8.empty()) r.start8[at + rr] = r.start32[i * G + g];
+    }
+  }
+}
+
+// Switches the interleaved rows on or off; returns the previous setting.
+static bool set_interleaved_rows(bool on) {
+  const bool was = g_interleave;
+  g_interleave = on;
+  return was;
 }
 
 void prepare(const float* x, int64_t m, int64_t k, int fmt, Activations& r) {
@@ -840,4 +881,5 @@ TORCH_LIBRARY_FRAGMENT(ragspec, m) {
   m.def("quantize_activations(Tensor x, int fmt) -> (Tensor, Tensor, Tensor)", &rs::quantize_activations);
   m.def("has_avx2() -> bool", &rs::has_avx2);
   m.def("has_tiled_kernel() -> bool", &rs::has_tiled_kernel);
+  m.def("set_interleaved_rows(bool on) -> bool", &rs::set_interleaved_rows);
 }

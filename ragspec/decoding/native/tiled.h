@@ -88,15 +88,30 @@ inline void tiled_row(int fmt, const uint8_t* data, int64_t n, int64_t row_bytes
 
 #ifdef RS_AVX512
 
+#ifndef RS_LOAD_BROADCAST  // the build sets it from the CPU's maker (dot4)
+#define RS_LOAD_BROADCAST 1
+#endif
+
 namespace tiled {
 
 // acc + the byte dot products of w's 16 lanes with the 4 bytes at p (the same 4 for every lane).
-// The instruction broadcasts them from its memory operand ({1to16}); GCC does not fold a
-// separate broadcast into vpdpbusd, and the extra instruction per product took 7-14% of a
-// 16-64-row product's time on a Zen 4 core (Q4_0, Q8_0, Q4_K and Q6_K; 0-3% at 8 rows).
+// Two forms of the same exact integer sums, chosen per CPU maker at build time:
+//  - RS_LOAD_BROADCAST 0 (AMD): the instruction broadcasts them from its memory operand
+//    ({1to16}); GCC does not fold a separate broadcast into vpdpbusd, and the extra instruction
+//    per product took 7-14% of a 16-64-row product's time on a Zen 4 core (Q4_0, Q8_0, Q4_K and
+//    Q6_K; 0-3% at 8 rows).
+//  - RS_LOAD_BROADCAST 1 (others): a broadcast load, then the register form. On a 2-core Xeon
+//    (AVX-512 VNNI, AMX) an Intel core's broadcast load is a load alone, and the inline asm's
+//    memory operand kept the compiler from keeping the accumulators in registers: a 550-token
+//    prompt read of the bundled model (Q4_1) took 0.87-0.94x the time, three builds alternated,
+//    and a step's 1 and 8 rows 0.94-0.97x and 0.96-1.01x.
 static inline __m512i dot4(__m512i acc, __m512i w, const int8_t* p) {
+#if RS_LOAD_BROADCAST
+  return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(p)));
+#else
   asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
   return acc;
+#endif
 }
 
 // acc + the products of w's 16 lanes' two int16 with the two int16 at p (the same for every
@@ -231,6 +246,33 @@ static inline __attribute__((always_inline)) void rows_block(const __m512i* w, _
   }
 }
 
+// rows_block<FMT, 8> for a block of 8 rows kept interleaved (Activations::q8): the same integer
+// sums and the same fp32 steps in the same order, so the same bits; the 8 rows' bytes and scales
+// are one pointer with fixed offsets each (eight row pointers and their index arithmetic took
+// more general registers than there are, and spilled).
+template <int FMT>
+static inline __attribute__((always_inline)) void rows_block8(const __m512i* w, __m512 s0, __m512 off,
+                                                              const Activations& x, int64_t at,
+                                                              __m512* acc) {
+  constexpr bool OFFSET = FMT == Q4_1 || FMT == Q5_1;
+  constexpr int32_t OFF = group_offset(FMT);
+  const int8_t* xq = x.q8.data() + at * 32;
+  const float* xd = x.d8.data() + at;
+  __m512i dot[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r)
+    dot[r] = OFF ? _mm512_set1_epi32(x.start8[at + r]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) dot[r] = dot4(dot[r], w[i], xq + 32 * i + 4 * r);
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) {
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(s0, _mm512_set1_ps(xd[r])), acc[r]);
+    if (OFFSET) acc[r] = _mm512_fmadd_ps(off, _mm512_set1_ps(x.dsum8[at + r]), acc[r]);
+  }
+}
+
 // How far ahead of the kernel a tile's bytes are requested, and into which cache. Measured on a
 // 2-core Xeon (AVX-512, AMX; benchmarks/kernel_bench.py --copies 24: SmolLM2-1.7B-shaped weights
 // streaming from memory): requests into L2 (prefetcht1) 2 KiB ahead made one-row products
@@ -265,6 +307,7 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
   constexpr bool SPAN = scale_span(FMT) > 32;
   static_assert(!SPAN || KQ, "block sums start from k_scales' mins: only Q4_K and Q5_K");
   const int64_t G = x.k / 32;
+  const bool interleaved = !x.q8.empty() && r0 % 8 == 0;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   __m512 sc[16], ndmin;
@@ -348,7 +391,12 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
         s1 = sc[2 * j + 1];
       }
       constexpr int FULL = R / 8 * 8;  // rows in blocks of 8, then the rest as one block
-      for (int rb = 0; rb < FULL; rb += 8) rows_block<FMT, 8>(w, s0, s1, off, x, r0 + rb, g, into + rb);
+      constexpr bool G32 = FMT == Q4_0 || FMT == Q4_1 || FMT == Q5_0 || FMT == Q5_1 || FMT == Q8_0;
+      if (G32 && FULL && interleaved)  // r0 is a multiple of 8 (tile_rows' chunks)
+        for (int rb = 0; rb < FULL; rb += 8)
+          rows_block8<FMT>(w, s0, off, x, ((r0 + rb) / 8 * G + g) * 8, into + rb);
+      else
+        for (int rb = 0; rb < FULL; rb += 8) rows_block<FMT, 8>(w, s0, s1, off, x, r0 + rb, g, into + rb);
       if (FULL < R) rows_block<FMT, R - FULL>(w, s0, s1, off, x, r0 + FULL, g, into + FULL);
     }
     if constexpr (SPAN)  // the block's sums times each row's one activation scale for it
