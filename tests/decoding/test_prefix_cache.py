@@ -181,7 +181,7 @@ def test_the_first_token_does_not_wait_for_the_prompt_to_be_kept(packed, tiny_to
     third = _prompts(packed.config.vocab_size, 2 * PAGE_TOKENS + 5, tails=(30,), seed=11)[0]
     seq = BatchSequence(warm, third, PLAIN, recall=True)
     kept = warm.prompt_cache_stats()["prompts"]
-    while not (outcome := batch_step(warm, [seq])[seq]).spans:
+    while not batch_step(warm, [seq])[seq].spans:
         pass
     assert warm.prompt_cache_stats()["prompts"] == kept
     batch_step(warm, [seq])
