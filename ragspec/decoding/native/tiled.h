@@ -101,10 +101,11 @@ namespace tiled {
 //    per product took 7-14% of a 16-64-row product's time on a Zen 4 core (Q4_0, Q8_0, Q4_K and
 //    Q6_K; 0-3% at 8 rows).
 //  - RS_LOAD_BROADCAST 1 (others): a broadcast load, then the register form. On a 2-core Xeon
-//    (AVX-512 VNNI, AMX) an Intel core's broadcast load is a load alone, and the inline asm's
-//    memory operand kept the compiler from keeping the accumulators in registers: a 550-token
-//    prompt read of the bundled model (Q4_1) took 0.87-0.94x the time, three builds alternated,
-//    and a step's 1 and 8 rows 0.94-0.97x and 0.96-1.01x.
+//    (family 6 model 167: AVX-512 VNNI, AMX) an Intel core's broadcast load is a load alone, and
+//    the inline asm's memory operand kept the compiler from keeping the accumulators in
+//    registers: a 550-token prompt read of the bundled model (Q4_1) took 0.87-0.94x the time,
+//    the two builds run in turn three times, and a step's 1 and 8 rows 0.94-0.96x and
+//    0.96-1.01x (twice).
 static inline __m512i dot4(__m512i acc, __m512i w, const int8_t* p) {
 #if RS_LOAD_BROADCAST
   return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(p)));
