@@ -50,9 +50,10 @@ struct Activations {
   std::vector<int32_t> start16;  // (m, k/16) −32 · Σq of each half group, for Q6_K (the same)
   std::vector<int32_t> qpair;    // (m, k/64) Σq of groups 2p and 2p + 1 as two int16 (low, high),
                                  // for Q4_K / Q5_K (their blocks' offsets as integer sums)
-  // A prompt's rows (m >= 64) for the tiled kernel of the formats with groups of 32 (interleave8,
-  // empty otherwise): the rows in blocks of 8, each group's 8 rows side by side, so that a block
-  // of rows is one pointer with fixed offsets. q8 (m/8, k/32, 256): row r's 4 bytes 4i..4i+3 at
+  // A prompt's rows (m >= 64) for the tiled kernel of the formats with groups of 32 (filled by
+  // the quantiser where tiled.h's interleavable says, empty otherwise): the whole blocks of 8
+  // rows, each group's 8 rows side by side, so that a block of rows is one pointer with fixed
+  // offsets. q8 (m/8, k/32, 256): row r's 4 bytes 4i..4i+3 at
   // 32i + 4r; d8, dsum8, start8 (m/8, k/32, 8): d, dsum, start32 of the block's rows.
   std::vector<int8_t> q8;
   std::vector<float> d8, dsum8;

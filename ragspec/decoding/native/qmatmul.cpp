@@ -125,8 +125,7 @@ static bool g_interleave = true;
 // step's few rows, other formats or without AVX-512.
 static int64_t interleaved_rows(int64_t m, int fmt) {
 #ifdef RS_AVX512
-  const bool g32 = fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0;
-  return g_interleave && g32 && m >= 64 ? m / 8 * 8 : 0;
+  return g_interleave && interleavable(fmt) && m >= 64 ? m / 8 * 8 : 0;
 #else
   (void)m, (void)fmt;
   return 0;

@@ -47,6 +47,12 @@ inline bool tileable(int fmt) {
          fmt == Q5_K || fmt == Q6_K;
 }
 
+// The formats with groups of 32 and one scale a group, whose prompt rows the kernel also takes
+// kept interleaved by 8 (Activations::q8, rows_block8).
+constexpr bool interleavable(int fmt) {
+  return fmt == Q4_0 || fmt == Q4_1 || fmt == Q5_0 || fmt == Q5_1 || fmt == Q8_0;
+}
+
 // 2-byte fields at the start and the end of a block; every other field is 4 bytes.
 inline int head_halves(int fmt) {
   return fmt == Q4_0 || fmt == Q5_0 || fmt == Q8_0 ? 1 : fmt == Q6_K ? 0 : 2;
@@ -392,8 +398,7 @@ static void tile(const uint8_t* t, int64_t row_bytes, const Activations& x, int6
         s1 = sc[2 * j + 1];
       }
       constexpr int FULL = R / 8 * 8;  // rows in blocks of 8, then the rest as one block
-      constexpr bool G32 = FMT == Q4_0 || FMT == Q4_1 || FMT == Q5_0 || FMT == Q5_1 || FMT == Q8_0;
-      if (G32 && FULL && interleaved)  // r0 is a multiple of 8 (tile_rows' chunks)
+      if (interleavable(FMT) && FULL && interleaved)  // r0 is a multiple of 8 (tile_rows' chunks)
         for (int rb = 0; rb < FULL; rb += 8)
           rows_block8<FMT>(w, s0, off, x, ((r0 + rb) / 8 * G + g) * 8, into + rb);
       else
