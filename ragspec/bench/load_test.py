@@ -5,6 +5,7 @@ Usage:
       --questions data/realdocs/dev/questions.jsonl [--clients 1,2,4,8,16] [--limit 16] \\
       [--max-tokens 128] [--prefill-chunk N] [--prompt-cache-mb MB] [--faults]
       [--malformed 1000] [--anchor 4] [--out results.json]
+  ... --sessions [--clients 1,8] [--limit SESSIONS]
 
 What it does (everything on 127.0.0.1, every loop bounded in count and time, --max-seconds
 for the whole run):
@@ -27,6 +28,16 @@ for the whole run):
      files and $RAGSPEC_HOME/chats byte for byte as before, the answer unchanged); --malformed
      malformed requests (ragspec/serve/malformed.py), each of which must get a 4xx JSON error, and the
      server still answering correctly after them.
+With --sessions the questions are asked as chat sessions instead (ragspec.bench.sessions
+.group_sessions: one session per document, its questions in file order; --limit counts
+sessions, default all): a client takes a whole session and asks its turns in order, each with
+the turns before it as the messages' history (user question, assistant answer), as a chat
+client does. The server keeps its default prompt cache (unless --prompt-cache-mb says
+otherwise), and every level runs on a freshly started server, warmed up by one uncounted
+question that is none of the sessions', so that a level reuses only the prompts it read itself
+(the instruction, a follow-up's passages, another client's). Each level reports the prompt
+tokens the cache supplied; an answer is identical when it equals the solo level's answer to the
+same turn of the same session. --faults and --anchor are for the question mode.
 The report is one JSON object (--out) and a table on stderr. Exit status 0 when every check
 passed, 1 when one failed (the report says which).
 """
@@ -111,6 +122,8 @@ class Server:
         if self.args.prefill_chunk:
             argv += ["--prefill-chunk", str(self.args.prefill_chunk)]
         cache_mb = getattr(self.args, "prompt_cache_mb", None)
+        if cache_mb is None and not getattr(self.args, "sessions", False):
+            cache_mb = 0  # the question mode: see --prompt-cache-mb
         if cache_mb is not None:
             argv += ["--prompt-cache-mb", str(cache_mb)]
         return argv
@@ -141,14 +154,17 @@ class Server:
 
 # -- one streamed request ---------------------------------------------------------------------
 
-def ask_streamed(client: openai.OpenAI, question: str, max_tokens: int) -> dict:
+def ask_streamed(client: openai.OpenAI, question: str, max_tokens: int,
+                 history: list[dict] | None = None) -> dict:
+    """One streamed chat answer; `history`: the messages before the question (a session's
+    earlier turns)."""
     start = time.perf_counter()
     first = last = None
     pause = 0.0  # the longest wait between two pieces of text, once the first came
     parts, finish, usage, done = [], None, None, False
     stream = client.chat.completions.create(
         model="ragspec", stream=True, max_tokens=max_tokens, stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": question}])
+        messages=[*(history or []), {"role": "user", "content": question}])
     for chunk in stream:
         if chunk.choices:
             text = chunk.choices[0].delta.content
@@ -176,29 +192,24 @@ def client_for(server: Server) -> openai.OpenAI:
                          timeout=900)
 
 
-def run_level(server: Server, questions: list[str], clients: int, max_tokens: int,
-              deadline: float, stagger: float = 0.0) -> tuple[list[dict], float]:
-    """All questions through `clients` concurrent streaming clients; (results, wall seconds).
-    Client i sends its first request i * stagger seconds after the first client (0: all at
-    once, a burst)."""
+def run_clients(server: Server, clients: int, stagger: float, deadline: float, items,
+                handle) -> float:
+    """`clients` client threads, client i starting i * stagger seconds after the first, taking
+    the items from one queue until none is left or the deadline passes and calling
+    handle(client, item) for each; the wall seconds."""
     work: queue.Queue = queue.Queue()
-    for i, q in enumerate(questions):
-        work.put((i, q))
-    results: list[dict | None] = [None] * len(questions)
+    for item in items:
+        work.put(item)
 
     def worker(i: int):
         client = client_for(server)
         time.sleep(i * stagger)
         while time.monotonic() < deadline:
             try:
-                i, q = work.get_nowait()
+                item = work.get_nowait()
             except queue.Empty:
                 return
-            try:
-                results[i] = ask_streamed(client, q, max_tokens)
-            except (openai.APIError, httpx.HTTPError) as exc:
-                results[i] = {"question": q, "error": f"{exc.__class__.__name__}: {exc}",
-                              "complete": False}
+            handle(client, item)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
     start = time.perf_counter()
@@ -206,8 +217,78 @@ def run_level(server: Server, questions: list[str], clients: int, max_tokens: in
         t.start()
     for t in threads:
         t.join()
+    return time.perf_counter() - start
+
+
+def run_level(server: Server, questions: list[str], clients: int, max_tokens: int,
+              deadline: float, stagger: float = 0.0) -> tuple[list[dict], float]:
+    """All questions through `clients` concurrent streaming clients; (results, wall seconds).
+    Client i sends its first request i * stagger seconds after the first client (0: all at
+    once, a burst)."""
+    results: list[dict | None] = [None] * len(questions)
+
+    def ask(client, item):
+        i, q = item
+        try:
+            results[i] = ask_streamed(client, q, max_tokens)
+        except (openai.APIError, httpx.HTTPError) as exc:
+            results[i] = {"question": q, "error": f"{exc.__class__.__name__}: {exc}",
+                          "complete": False}
+
+    wall = run_clients(server, clients, stagger, deadline, enumerate(questions), ask)
     return [r or {"question": q, "error": "not run (time limit)", "complete": False}
-            for r, q in zip(results, questions, strict=True)], time.perf_counter() - start
+            for r, q in zip(results, questions, strict=True)], wall
+
+
+def load_sessions(path: Path, limit: int | None) -> list[list[str]]:
+    """The questions of each session (ragspec.bench.sessions.group_sessions), the first `limit`
+    sessions (None: all)."""
+    from ragspec.bench.questions import load_questions as load_question_set
+    from ragspec.bench.sessions import group_sessions
+
+    return [[q.question for q in session.questions]
+            for session in group_sessions(load_question_set(path), limit)]
+
+
+def run_sessions_level(server: Server, sessions: list[list[str]], clients: int, max_tokens: int,
+                       deadline: float, stagger: float = 0.0) -> tuple[list[dict], float]:
+    """Every session through `clients` concurrent streaming clients, a client taking a whole
+    session and asking its turns in order with the earlier turns as history; (results in
+    session and turn order, each with its "key" "session/turn", wall seconds)."""
+    results: dict[str, dict] = {}
+
+    def ask_session(client, s):
+        history: list[dict] = []
+        for t, q in enumerate(sessions[s]):
+            key = f"{s}/{t}"
+            if time.monotonic() > deadline:
+                return
+            try:
+                answer = ask_streamed(client, q, max_tokens, history)
+            except (openai.APIError, httpx.HTTPError) as exc:
+                results[key] = {"question": q, "key": key, "complete": False,
+                                "error": f"{exc.__class__.__name__}: {exc}"}
+                return  # the later turns would have no answer to follow
+            results[key] = {**answer, "key": key}
+            history += [{"role": "user", "content": q},
+                        {"role": "assistant", "content": answer["text"]}]
+
+    wall = run_clients(server, clients, stagger, deadline, range(len(sessions)), ask_session)
+    return [results.get(f"{s}/{t}") or {"question": q, "key": f"{s}/{t}", "complete": False,
+                                        "error": "not run (time limit or an earlier turn failed)"}
+            for s, qs in enumerate(sessions) for t, q in enumerate(qs)], wall
+
+
+def cache_delta(before: dict | None, after: dict | None) -> dict | None:
+    """The prompt cache's counters over one level (prompt tokens looked up, those it supplied,
+    their share), or why it was off."""
+    if not before or not after or "lookups" not in after:
+        return {"off": (after or {}).get("off")} if after else None
+    d = {k: after[k] - before.get(k, 0) for k in ("lookups", "hits", "prompt_tokens",
+                                                   "cached_tokens", "recalled", "evicted_pages")}
+    d["cached_share"] = round(d["cached_tokens"] / d["prompt_tokens"], 4) if d["prompt_tokens"] else None
+    d["bytes"], d["budget_bytes"] = after["bytes"], after["budget_bytes"]
+    return d
 
 
 def summarize(results: list[dict], wall: float, solo: dict[str, str] | None) -> dict:
@@ -226,10 +307,13 @@ def summarize(results: list[dict], wall: float, solo: dict[str, str] | None) -> 
         "longest_pause_p50_s": percentile([r["longest_pause_s"] for r in ok], 0.5),
         "longest_pause_p95_s": percentile([r["longest_pause_s"] for r in ok], 0.95),
         "wall_s": wall, "completion_tokens": tokens,
+        # answered below the relevance floor: the model never ran
+        "refused": sum(r["text"].startswith(NOT_IN_DOCUMENTS) for r in ok),
         "all_complete": all(r.get("complete") for r in results),
     }
     if solo is not None:
-        differ = [r["question"] for r in ok if r["text"] != solo.get(r["question"])]
+        differ = [r.get("key", r["question"]) for r in ok
+                  if r["text"] != solo.get(r.get("key", r["question"]))]
         out["identical_to_solo"] = not differ and len(ok) == len(results)
         out["differing"] = differ
     return out
@@ -377,17 +461,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--corpus", type=Path, help="documents to ingest into a temporary index")
     parser.add_argument("--index", type=Path, help="an index already built (instead of --corpus)")
     parser.add_argument("--questions", type=Path, required=True)
-    parser.add_argument("--limit", type=int, default=16, help="questions used (default 16)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="questions used (default 16); with --sessions, sessions (default all)")
+    parser.add_argument("--sessions", action="store_true",
+                        help="ask the questions as chat sessions, one per document, with history "
+                             "and the server's prompt cache on (module docstring)")
     parser.add_argument("--clients", default="1,2,4,8,16")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-active", type=int, default=16)
     parser.add_argument("--prefill-chunk", type=int, default=None,
                         help="the server's --prefill-chunk (default: the server's own)")
     parser.add_argument("--model", default=None)
-    parser.add_argument("--prompt-cache-mb", type=int, default=0, metavar="MB",
+    parser.add_argument("--prompt-cache-mb", type=int, default=None, metavar="MB",
                         help="the server's prompt cache (default 0: off, as `bench` and `eval` "
                              "time; on, every level after the solo one would reuse the solo "
-                             "level's prompts of the same questions)")
+                             "level's prompts of the same questions); with --sessions the "
+                             "server's own default (each level on a fresh server)")
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--malformed", type=int, default=1000)
     parser.add_argument("--anchor", type=int, default=0,
@@ -411,8 +500,10 @@ def main(argv=None) -> int:
     levels = sorted({int(n) for n in args.clients.split(",")})
     if not levels or min(levels) < 1 or max(levels) > 64:
         parser.error("--clients: numbers from 1 to 64")
+    if args.sessions and (args.faults or args.anchor):
+        parser.error("--faults and --anchor run in the question mode, not with --sessions")
     deadline = time.monotonic() + args.max_seconds
-    questions = load_questions(args.questions, args.limit)
+    questions = [] if args.sessions else load_questions(args.questions, args.limit or 16)
     work = Path(tempfile.mkdtemp(prefix="ragspec-load-"))
     index = args.index
     if index is None:
@@ -423,6 +514,9 @@ def main(argv=None) -> int:
     report: dict = {"questions": len(questions), "max_tokens": args.max_tokens,
                     "set": str(args.questions), "index": str(index),
                     "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}}
+    if args.sessions:
+        session_levels(args, sorted(set(levels) | {1}), index, work, report, deadline)
+        return finish(args, report, work)
     try:
         server.start()
         # One answer first, not counted: the first forwards of a fresh process pay one-off costs
@@ -444,9 +538,6 @@ def main(argv=None) -> int:
             results, wall = run_level(server, questions, n, args.max_tokens, deadline, stagger)
             report["levels"][str(n)] = {**summarize(results, wall, texts), "stagger_s": stagger,
                                         "steps": step_delta(before, step_times(server))}
-        one = report["levels"]["1"]["aggregate_tokens_per_s"]
-        for level in report["levels"].values():
-            level["aggregate_over_one_client"] = level["aggregate_tokens_per_s"] / one if one else None
         q0 = questions[0]
         if args.faults and q0 in texts:
             report["disconnect"] = disconnect_case(server, q0, args.max_tokens, texts[q0])
@@ -460,6 +551,56 @@ def main(argv=None) -> int:
     if args.anchor:
         report["anchor"] = anchor_case(index, [q for q in questions[: args.anchor] if q in solo],
                                        solo, args.max_tokens, args.model)
+    return finish(args, report, work)
+
+
+WARM_UP = "What options does it take?"  # the sessions' warm-up when every question is asked
+
+
+def session_levels(args, levels: list[int], index: Path, work: Path, report: dict,
+                   deadline: float) -> None:
+    """--sessions: each level on a fresh server (module docstring), into report["levels"]."""
+    sessions = load_sessions(args.questions, args.limit)
+    asked = {q for session in sessions for q in session}
+    spare = [q for session in load_sessions(args.questions, None) for q in session
+             if q not in asked]
+    warm = spare[0] if spare else WARM_UP
+    report.update(sessions=len(sessions), questions=len(asked), warm_up=warm, levels={})
+    texts: dict[str, str] | None = None
+    solo_latency = 0.0
+    for n in levels:  # 1 first: the reference answers
+        if time.monotonic() > deadline:
+            break
+        server = Server(index, free_port(), args, work / f"server-{n}.log")
+        try:
+            server.start()
+            run_level(server, [warm], 1, args.max_tokens, deadline)  # uncounted (see main)
+            before = server.health()
+            stagger = 0.0 if n == 1 else (args.stagger if args.stagger is not None
+                                          else solo_latency / n)
+            results, wall = run_sessions_level(server, sessions, n, args.max_tokens, deadline,
+                                               stagger)
+            after = server.health()
+        finally:
+            server.stop()
+        ok = [r for r in results if "error" not in r]
+        if n == 1:
+            texts = {r["key"]: r["text"] for r in ok}
+            solo_latency = statistics.median([r["latency_s"] for r in ok]) if ok else 0.0
+            wall = sum(r["latency_s"] for r in ok)  # as the question mode's solo level
+        report["levels"][str(n)] = {
+            **summarize(results, wall, None if n == 1 else texts), "stagger_s": stagger,
+            "steps": step_delta(before.get("steps"), after.get("steps")),
+            "prompt_cache": cache_delta(before.get("prompt_cache"), after.get("prompt_cache"))}
+    report["load_avg_after"] = os.getloadavg()
+
+
+def finish(args, report: dict, work: Path) -> int:
+    """The ratios to one client, the failures, the report written and printed; the exit
+    status."""
+    one = report["levels"].get("1", {}).get("aggregate_tokens_per_s")
+    for level in report["levels"].values():
+        level["aggregate_over_one_client"] = level["aggregate_tokens_per_s"] / one if one else None
     failures = [f"N={n}: " + ", ".join(k for k in ("all_complete", "identical_to_solo")
                                         if level.get(k) is False)
                 for n, level in report["levels"].items()
