@@ -510,13 +510,13 @@ def main(argv=None) -> int:
         index = work / "index"
         subprocess.run([RAGSPEC, "ingest", str(args.corpus), "--index", str(index)], check=True,
                        stdout=subprocess.DEVNULL, timeout=1800)
-    server = Server(index, free_port(), args, work / "server.log")
     report: dict = {"questions": len(questions), "max_tokens": args.max_tokens,
                     "set": str(args.questions), "index": str(index),
                     "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}}
     if args.sessions:
         session_levels(args, sorted(set(levels) | {1}), index, work, report, deadline)
         return finish(args, report, work)
+    server = Server(index, free_port(), args, work / "server.log")
     try:
         server.start()
         # One answer first, not counted: the first forwards of a fresh process pay one-off costs
