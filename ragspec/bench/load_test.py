@@ -240,14 +240,13 @@ def run_level(server: Server, questions: list[str], clients: int, max_tokens: in
             for r, q in zip(results, questions, strict=True)], wall
 
 
-def load_sessions(path: Path, limit: int | None) -> list[list[str]]:
-    """The questions of each session (ragspec.bench.sessions.group_sessions), the first `limit`
-    sessions (None: all)."""
+def load_sessions(path: Path) -> list[list[str]]:
+    """The questions of each session (ragspec.bench.sessions.group_sessions), in its order."""
     from ragspec.bench.questions import load_questions as load_question_set
     from ragspec.bench.sessions import group_sessions
 
     return [[q.question for q in session.questions]
-            for session in group_sessions(load_question_set(path), limit)]
+            for session in group_sessions(load_question_set(path))]
 
 
 def run_sessions_level(server: Server, sessions: list[list[str]], clients: int, max_tokens: int,
@@ -283,7 +282,7 @@ def cache_delta(before: dict | None, after: dict | None) -> dict | None:
     """The prompt cache's counters over one level (prompt tokens looked up, those it supplied,
     their share), or why it was off."""
     if not before or not after or "lookups" not in after:
-        return {"off": (after or {}).get("off")} if after else None
+        return {"off": after.get("off")} if after else None
     d = {k: after[k] - before.get(k, 0) for k in ("lookups", "hits", "prompt_tokens",
                                                    "cached_tokens", "recalled", "evicted_pages")}
     d["cached_share"] = round(d["cached_tokens"] / d["prompt_tokens"], 4) if d["prompt_tokens"] else None
@@ -560,10 +559,10 @@ WARM_UP = "What options does it take?"  # the sessions' warm-up when every quest
 def session_levels(args, levels: list[int], index: Path, work: Path, report: dict,
                    deadline: float) -> None:
     """--sessions: each level on a fresh server (module docstring), into report["levels"]."""
-    sessions = load_sessions(args.questions, args.limit)
+    every = load_sessions(args.questions)
+    sessions = every[:args.limit] if args.limit else every
     asked = {q for session in sessions for q in session}
-    spare = [q for session in load_sessions(args.questions, None) for q in session
-             if q not in asked]
+    spare = [q for session in every for q in session if q not in asked]
     warm = spare[0] if spare else WARM_UP
     report.update(sessions=len(sessions), questions=len(asked), warm_up=warm, levels={})
     texts: dict[str, str] | None = None
