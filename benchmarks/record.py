@@ -6,7 +6,8 @@
 A results file is {"command", "commit", "machine", "runs": [...]}: the first run names the
 command line (relative to the repository root) and the machine (CPU model, cores, flags that
 change the kernels); every run carries its own date, commit, load average before and after,
-and what the benchmark printed. A later run of the same command appends to "runs", so a series
+the speed-changing environment variables set for it (provenance.settings: {} where every
+default held) and what the benchmark printed. A later run of the same command appends to "runs", so a series
 of runs stays one file. Used by the scripts in benchmarks/ only; nothing in ragspec imports it.
 """
 
@@ -19,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from ragspec.bench.provenance import commit, machine
+from ragspec.bench.provenance import commit, machine, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 _STARTED_LOAD = os.getloadavg()
@@ -41,7 +42,7 @@ def add_run(out: Path | None, result: dict, argv: list[str] | None = None) -> No
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
     command = " ".join(["PYTHONPATH=. python", str(shown), *map(shlex.quote, argv[1:])])
     run = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
-           "command": command,
+           "command": command, "environment": settings(),
            "load_average": {"start": [round(x, 2) for x in _STARTED_LOAD],
                             "end": [round(x, 2) for x in os.getloadavg()]},
            "result": result}

@@ -63,6 +63,7 @@ from pathlib import Path
 import httpx
 import openai
 
+from ragspec.bench import provenance
 from ragspec.search import NOT_IN_DOCUMENTS
 from ragspec.serve.malformed import malformed_requests
 
@@ -511,7 +512,8 @@ def main(argv=None) -> int:
                        stdout=subprocess.DEVNULL, timeout=1800)
     report: dict = {"questions": len(questions), "max_tokens": args.max_tokens,
                     "set": str(args.questions), "index": str(index),
-                    "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}}
+                    "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+                    "environment": provenance.settings()}
     if args.sessions:
         session_levels(args, sorted(set(levels) | {1}), index, work, report, deadline)
         return finish(args, report, work)

@@ -5,6 +5,9 @@ from it ("unknown" outside a git checkout or without git). `machine()` names the
 name, family and model, whether it runs under a hypervisor, cores, and the instruction-set
 flags the kernels choose by. Both are what a results file's "commit" and "machine" say (the
 benchmarks/ scripts through benchmarks/record.py, `ragspec bench --sessions` directly).
+`settings()` lists the environment variables set for the run that change how fast it goes
+(OpenMP's, the BLAS libraries', ragspec's own; secrets left out): what a results file's
+"environment" says, empty where every default held.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ from pathlib import Path
 from ragspec import cpuinfo
 
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+# Variables that can change a measurement's speed. OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads
+# sleep between parallel regions instead of spinning first) made a 550-token int8 prompt read of
+# the bundled model take ~1.18x as long on the 2-core Xeon (family 6 model 167), and torch's bf16
+# reads 1.2-1.7x: a figure taken with it set is another figure.
+SPEED_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "RAGSPEC_")
+SECRET_WORDS = ("TOKEN", "KEY", "AUTH", "SECRET", "PASSWORD")
 
 
 def _git(*args: str) -> str:
@@ -40,3 +49,10 @@ def machine() -> str:
     return (f"{cpuinfo.field('model name') or 'unknown CPU'} (family {cpuinfo.field('cpu family')} "
             f"model {cpuinfo.field('model')}){hypervisor}, {os.cpu_count()} cores, "
             f"{' '.join(have) or 'no AVX2'}")
+
+
+def settings(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The speed-changing variables set in `environ` (default os.environ), sorted by name."""
+    env = os.environ if environ is None else environ
+    return {name: env[name] for name in sorted(env)
+            if name.startswith(SPEED_PREFIXES) and not any(w in name for w in SECRET_WORDS)}

@@ -219,6 +219,7 @@ def _sessions(corpus: str, questions_file: str, max_new_tokens: int, model: str 
     run = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "load_before": load_before, "load_after": sessions_core.load_now(),
            "model": loaded.name, "device": describe_device(loaded),
+           "environment": provenance.settings(),
            "prompt_read": sessions_core.prompt_read(generator.model), "order": order, "cache_off_run": compare,
            "trim": trim,
            "max_new_tokens": max_new_tokens, "questions": questions_file,

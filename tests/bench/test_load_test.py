@@ -10,7 +10,7 @@ import time
 import pytest
 import serve_support
 
-from ragspec.bench import load_test
+from ragspec.bench import load_test, provenance
 
 
 def test_the_server_runs_without_a_prompt_cache_unless_asked(tmp_path):
@@ -93,6 +93,7 @@ def test_load_test_asks_sessions_on_fresh_servers(tmp_path, tiny_tokenizer, monk
     assert status == 0, report["failures"]
     assert report["sessions"] == 2 and report["questions"] == 3
     assert report["warm_up"] == load_test.WARM_UP  # every question is in a session
+    assert report["environment"] == provenance.settings()  # the servers' own: they inherit it
     for n in ("1", "2"):
         level = report["levels"][n]
         assert level["requests"] == 3 and level["all_complete"]

@@ -183,6 +183,8 @@ def test_cli_sessions_writes_one_results_file_and_appends_a_later_run(
     args = ["bench", "--sessions", "--corpus", str(tmp_path), "--questions", str(questions),
             "--max-new-tokens", "8", "--out", str(out)]
     monkeypatch.setenv("RAGSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GOMP_SPINCOUNT", "12345")  # read when OpenMP starts: changes nothing here
+    monkeypatch.setenv("RAGSPEC_MILVUS_TOKEN", "secret")
     first = CliRunner().invoke(main, args)
     assert first.exit_code == 0, first.output
     assert "every answer identical to its run without the cache" in first.output
@@ -192,6 +194,9 @@ def test_cli_sessions_writes_one_results_file_and_appends_a_later_run(
     assert set(saved) == {"command", "commit", "machine", "runs"} and len(saved["runs"]) == 2
     run = saved["runs"][-1]
     assert run["prompt_read"] == "int8" and run["order"] == "rank"
+    # the settings that change speed are recorded, secrets are not
+    assert run["environment"]["GOMP_SPINCOUNT"] == "12345"
+    assert "RAGSPEC_MILVUS_TOKEN" not in run["environment"]
     assert trims == [DEFAULT_TRIM, 0] and [r["trim"] for r in saved["runs"]] == [DEFAULT_TRIM, 0]
     assert run["summary"]["all_identical"] and run["summary"]["turns"] == 2
     assert [t["id"] for t in run["sessions"][0]["turns"]] == ["t1", "t2"]
