@@ -513,7 +513,7 @@ def main(argv=None) -> int:
     report: dict = {"questions": len(questions), "max_tokens": args.max_tokens,
                     "set": str(args.questions), "index": str(index),
                     "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
-                    "environment": provenance.settings()}
+                    "environment": provenance.settings(dict(os.environ))}  # the servers' own
     if args.sessions:
         session_levels(args, sorted(set(levels) | {1}), index, work, report, deadline)
         return finish(args, report, work)

@@ -5,9 +5,11 @@ from it ("unknown" outside a git checkout or without git). `machine()` names the
 name, family and model, whether it runs under a hypervisor, cores, and the instruction-set
 flags the kernels choose by. Both are what a results file's "commit" and "machine" say (the
 benchmarks/ scripts through benchmarks/record.py, `ragspec bench --sessions` directly).
-`settings()` lists the environment variables set for the run that change how fast it goes
-(OpenMP's, the BLAS libraries', ragspec's own; secrets left out): what a results file's
-"environment" says, empty where every default held.
+`settings()` lists the environment variables the run was started with that change how fast it
+goes (OpenMP's, the BLAS libraries', ragspec's own; secrets left out): what a results file's
+"environment" says, empty where every default held. Started with: on Linux the process's
+environment as it began (/proc/self/environ), not what imported libraries set for themselves
+afterwards (joblib sets KMP_* variables on import); elsewhere os.environ.
 """
 
 from __future__ import annotations
@@ -51,8 +53,18 @@ def machine() -> str:
             f"{' '.join(have) or 'no AVX2'}")
 
 
+def started_with() -> dict[str, str]:
+    """The environment this process began with (os.environ where /proc cannot tell)."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.decode("utf-8", "replace").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
+
+
 def settings(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The speed-changing variables set in `environ` (default os.environ), sorted by name."""
-    env = os.environ if environ is None else environ
+    """The speed-changing variables set in `environ` (default: started_with()), sorted by name."""
+    env = started_with() if environ is None else environ
     return {name: env[name] for name in sorted(env)
             if name.startswith(SPEED_PREFIXES) and not any(w in name for w in SECRET_WORDS)}

@@ -5,6 +5,7 @@ process; the bundled embedder indexes the documents)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -93,7 +94,9 @@ def test_load_test_asks_sessions_on_fresh_servers(tmp_path, tiny_tokenizer, monk
     assert status == 0, report["failures"]
     assert report["sessions"] == 2 and report["questions"] == 3
     assert report["warm_up"] == load_test.WARM_UP  # every question is in a session
-    assert report["environment"] == provenance.settings()  # the servers' own: they inherit it
+    # the servers inherit this process's environment: RAGSPEC_HOME, set above, is in it
+    assert report["environment"] == provenance.settings(dict(os.environ))
+    assert report["environment"]["RAGSPEC_HOME"] == str(tmp_path / "home")
     for n in ("1", "2"):
         level = report["levels"][n]
         assert level["requests"] == 3 and level["all_complete"]
