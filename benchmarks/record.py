@@ -6,9 +6,10 @@
 A results file is {"command", "commit", "machine", "runs": [...]}: the first run names the
 command line (relative to the repository root) and the machine (CPU model, cores, flags that
 change the kernels); every run carries its own date, commit, load average before and after,
-the speed-changing environment variables set for it (provenance.settings: {} where every
-default held) and what the benchmark printed. A later run of the same command appends to "runs", so a series
-of runs stays one file. Used by the scripts in benchmarks/ only; nothing in ragspec imports it.
+the speed-changing environment variables it was started with (provenance.settings: {} where
+every default held) and what the benchmark printed. A later run of the same command appends to
+"runs", so a series of runs stays one file. Used by the scripts in benchmarks/ only; nothing in
+ragspec imports it.
 """
 
 from __future__ import annotations
