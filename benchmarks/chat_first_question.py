@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ragspec.bench.provenance import commit, machine  # noqa: E402
+from ragspec.bench.provenance import commit, machine, settings  # noqa: E402
 
 QUESTION = "What is the default port of the Larkspur HTTP API?"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -82,7 +82,7 @@ def main() -> None:
             runs.append(first_question(args.home, warm, args.port + len(runs), args.read, chromium))
             print(runs[-1], flush=True)
     record = {"command": "python " + " ".join(sys.argv), "commit": commit(), "machine": machine(),
-              "question": QUESTION, "read_seconds": args.read, "runs": runs}
+              "environment": settings(), "question": QUESTION, "read_seconds": args.read, "runs": runs}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
 
 

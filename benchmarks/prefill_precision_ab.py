@@ -48,6 +48,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ragspec import cpuinfo
+    from ragspec.bench import provenance
     from ragspec.decoding import native, packed
     from ragspec.decoding.cache import new_cache
     from ragspec.decoding.engine import forward
@@ -107,6 +108,7 @@ def main() -> None:
                          f"{cpuinfo.field('cpu family')} model {cpuinfo.field('model')}), "
                          f"{os.cpu_count()} CPUs, "
                          f"{torch.get_num_threads()} torch threads",
+              "environment": provenance.settings(),  # OMP_WAIT_POLICY moves bf16 most
               "texts": list(MANPAGES) if not args.files else args.files.split(","),
               "loads": loads, "summary": summary, "times": times}
     print(json.dumps(summary, indent=1))
